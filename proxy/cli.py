@@ -1,0 +1,107 @@
+"""The ``whoseturn`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from proxy.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
+from proxy.sim.settings import SimSettings, scheduler_config
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's own flag names, so a command line moves between the two unchanged."""
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"cost profile: a YAML file or one of {builtin_profiles()}")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (default: the profile's)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="KV-cache capacity in blocks (default: the profile's)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True)
+
+
+def _sim_settings(args: argparse.Namespace) -> SimSettings:
+    profile = load_profile(args.profile)
+    config = scheduler_config(
+        profile,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        scheduling_policy=args.scheduling_policy,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+    return SimSettings(
+        profile=profile,
+        scheduler=config,
+        served_model_name=args.served_model_name or profile.model,
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="whoseturn", description=__doc__)
+    parser.add_argument("--log-level", default="info")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sim = commands.add_parser("sim", help="run the simulated vLLM-compatible engine")
+    sim_commands = sim.add_subparsers(dest="sim_command")
+    _add_engine_flags(sim)
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8000)
+    sim.add_argument("--served-model-name", default=None,
+                     help="model name clients use (default: the profile's model)")
+    sim.add_argument("--time-scale", type=float, default=1.0,
+                     help="run model time this many times faster than wall time")
+
+    inter = sim_commands.add_parser(
+        "interference",
+        help="print the chat-behind-batch interference table, in virtual time",
+    )
+    _add_engine_flags(inter)
+    inter.add_argument("--batch-prompts", type=int, default=64)
+    inter.add_argument("--batch-prompt-tokens", type=int, default=8000)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command == "sim" and args.sim_command == "interference":
+            from proxy.sim.interference import run_interference
+
+            return run_interference(_sim_settings_for_table(args), args)
+        if args.command == "sim":
+            from proxy.sim.server import serve
+
+            return serve(_sim_settings(args))
+    except (ProfileError, ValueError) as exc:
+        print(f"whoseturn: error: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+def _sim_settings_for_table(args: argparse.Namespace) -> SimSettings:
+    args.served_model_name = None
+    args.host, args.port, args.time_scale = "127.0.0.1", 0, 1.0
+    return _sim_settings(args)
