@@ -13,21 +13,30 @@ from proxy.sim.settings import SimSettings, scheduler_config
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """vLLM's own flag names, so a command line moves between the two unchanged."""
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"cost profile: a YAML file or one of {builtin_profiles()}")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="token budget per step (default: the profile's)")
+    p.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"cost profile: a YAML file or one of {builtin_profiles()}",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (default: the profile's)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                   default=True)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                   help="KV-cache capacity in blocks (default: the profile's)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=True)
+    p.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV-cache capacity in blocks (default: the profile's)",
+    )
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
 
 
 def _sim_settings(args: argparse.Namespace) -> SimSettings:
@@ -64,10 +73,17 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_engine_flags(sim)
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8000)
-    sim.add_argument("--served-model-name", default=None,
-                     help="model name clients use (default: the profile's model)")
-    sim.add_argument("--time-scale", type=float, default=1.0,
-                     help="run model time this many times faster than wall time")
+    sim.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients use (default: the profile's model)",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="run model time this many times faster than wall time",
+    )
 
     inter = sim_commands.add_parser(
         "interference",

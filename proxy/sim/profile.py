@@ -97,7 +97,9 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
 def builtin_profiles() -> list[str]:
     """Names of the profiles shipped with the package."""
     folder = resources.files("proxy.sim") / "profiles"
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:

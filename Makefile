@@ -1,0 +1,39 @@
+# whoseturn — every command a newcomer needs. `make test` bootstraps .venv itself.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help test lint typecheck check interference sim clean
+
+help:
+	@echo "make interference  print the chat-behind-batch table from the simulated engine"
+	@echo "make sim           run the simulated vLLM engine on :8000 (whoseturn sim)"
+	@echo "make test          bootstrap .venv and run the unit and integration tests"
+	@echo "make lint          ruff (lint + format check) and mypy --strict"
+	@echo "make check         lint, then test (what CI runs)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check proxy loadtests tests
+	$(BIN)/ruff format --check proxy loadtests tests
+	$(BIN)/mypy
+
+check: lint test
+
+interference: $(STAMP)
+	$(BIN)/whoseturn sim interference
+
+sim: $(STAMP)
+	$(BIN)/whoseturn sim --port 8000
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

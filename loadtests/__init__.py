@@ -1,0 +1,1 @@
+"""The workload-evidence load-test harness (see shared/seed)."""
