@@ -1,6 +1,6 @@
 """The simulated vLLM engine: a model of vLLM's V1 scheduler with a step cost model."""
 
-from proxy.sim.clock import Clock, VirtualClock, WallClock
+from proxy.clock import Clock, VirtualClock, WallClock
 from proxy.sim.engine import SimEngine, StepPlan, StepResult, TokenEvent
 from proxy.sim.profile import Profile, StepCost, load_profile
 from proxy.sim.queues import SchedulingPolicy

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from proxy.sim.clock import Clock
+from proxy.clock import Clock
 from proxy.sim.cost import step_seconds
 from proxy.sim.profile import StepCost
 from proxy.sim.request import SimRequest
@@ -121,16 +121,18 @@ class SimEngine:
 
     # -- steps -----------------------------------------------------------------
 
-    def begin_step(self) -> StepPlan | None:
-        """Plan the next step at the current time; None when there is nothing to do."""
+    def begin_step(self, start: float | None = None) -> StepPlan | None:
+        """Plan the next step, starting now or at ``start`` (a driver that anchors
+        steps back to back passes the previous step's end); None when idle."""
         if not self.scheduler.has_unfinished_requests:
             return None
         output = self.scheduler.schedule()
         if output.is_empty:
             return None
-        now = self.clock.now()
+        now = self.clock.now() if start is None else start
         for rid in output.newly_scheduled:
-            self.scheduler.requests[rid].first_scheduled_time = now
+            request = self.scheduler.requests[rid]
+            request.first_scheduled_time = max(now, request.arrival_time)
         return StepPlan(next(self._steps), now, step_seconds(self.cost, output), output)
 
     def finish_step(self, plan: StepPlan) -> StepResult:

@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.sim.clock import VirtualClock
+from proxy.clock import VirtualClock
 from proxy.sim.engine import SimEngine, StepResult
 from proxy.sim.queues import SchedulingPolicy
 from proxy.sim.request import SimRequest
@@ -124,8 +124,8 @@ def _done(request: SimRequest) -> float:
 
 def _worst_gap_after(
     box: list[SimRequest], since: float, worst: list[float]
-) -> Callable[[StepResult], None]:
-    def listen(result: StepResult) -> None:
+) -> Callable[[SimEngine, StepResult], None]:
+    def listen(_: SimEngine, result: StepResult) -> None:
         for token in result.tokens:
             if box and token.request is box[0] and token.gap is not None and token.time > since:
                 worst[0] = max(worst[0], token.gap)

@@ -7,6 +7,7 @@ fitted to a real engine can be dropped in without touching code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -85,10 +86,12 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
     step = _build(StepCost, body.pop("step", None), f"{where}: step")
     engine = _build(EngineDefaults, body.pop("engine", {}), f"{where}: engine")
     for key, value in vars(step).items():
-        if not isinstance(value, int | float) or value < 0:
+        # bool is an int, and YAML reads .nan and .inf as floats: none is a cost.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
             raise ProfileError(f"{where}: step.{key} must be a non-negative number")
     for key, value in vars(engine).items():
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ProfileError(f"{where}: engine.{key} must be a positive integer")
     profile: Profile = _build(Profile, {**body, "step": step, "engine": engine}, where)
     return profile

@@ -6,8 +6,8 @@ Each call to :meth:`EngineScheduler.schedule` plans one engine step:
    decode, a chunk for an unfinished prefill), capped by the long-prefill threshold
    and by what is left of the step's token budget. When the KV cache cannot hold
    them, the lowest-ranked running request is preempted (the last one under FCFS,
-   the highest ``(priority, arrival)`` under the priority policy) and goes back to
-   the waiting queue to be recomputed later.
+   the highest ``(priority, arrival)`` under the priority policy, the last admitted
+   among equals) and goes back to the waiting queue to be recomputed later.
 2. Then, if nothing was preempted, waiting requests in queue order while the budget,
    the sequence cap and the KV cache allow. A prefix-cache hit is taken as already
    computed. With chunked prefill off, a prompt that does not fit in what is left of
@@ -122,6 +122,8 @@ class EngineScheduler:
     def add_request(self, request: SimRequest) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
         if request.num_prompt_tokens < 1:
             raise ValueError("a request needs at least one prompt token")
         if request.num_prompt_tokens >= self.config.max_model_len:
@@ -157,7 +159,9 @@ class EngineScheduler:
 
     def _preempt_victim(self) -> SimRequest:
         if self.config.scheduling_policy is SchedulingPolicy.PRIORITY:
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            # Among equals the last admitted goes, as under FCFS (max keeps the first it
+            # meets): taking the one furthest along can preempt back and forth forever.
+            victim = max(reversed(self.running), key=lambda r: (r.priority, r.arrival_time))
             self.running.remove(victim)
             return victim
         return self.running.pop()
@@ -171,7 +175,21 @@ class EngineScheduler:
         self.waiting.prepend(request)
 
     def schedule(self) -> SchedulerOutput:
-        """Plan the next step (see the module docstring for the rules)."""
+        """Plan the next step (see the module docstring for the rules).
+
+        The plan is empty only when there is nothing to do. When every request tried
+        preempted itself (possible under the priority policy), vLLM runs an empty
+        step and plans again; here planning goes on at once, so that no driver takes
+        the empty plan for an idle engine.
+        """
+        out = self._plan()
+        while out.is_empty and out.preempted:
+            preempted = out.preempted
+            out = self._plan()
+            out.preempted[:0] = preempted
+        return out
+
+    def _plan(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:

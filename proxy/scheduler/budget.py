@@ -1,0 +1,119 @@
+"""The batch prefill budget and the feedback loop that adapts it (AIMD).
+
+The controller watches two signals of interactive service over a sliding window:
+time to first token, and the gaps between tokens of interactive streams (prefill
+steals decode time as well as queue time). Once per ``interval`` it compares a high
+percentile of each against ``aim`` x its target, aiming below the target so that
+headroom absorbs a prompt twice as long as usual:
+
+- either above its aim: the budget is cut multiplicatively (``decrease``);
+- both below and batch work waiting: the budget grows additively (``increase``).
+
+After a cut, only samples observed since the cut are judged, so one bad burst
+costs one cut, not one per interval until the burst leaves the window. Several
+proxies running this loop in front of the same engines converge the way AIMD flows
+share a link, without talking to each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetSettings:
+    initial_tokens: int = 8192
+    min_tokens: int = 512
+    max_tokens: int = 65536
+    ttft_target_s: float = 0.300
+    gap_target_s: float = 0.100
+    aim: float = 0.8
+    percentile: float = 0.95
+    window_s: float = 30.0
+    interval_s: float = 1.0
+    min_samples: int = 5
+    decrease: float = 0.5
+    increase_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_tokens <= self.initial_tokens <= self.max_tokens:
+            raise ValueError("budget bounds must satisfy 0 < min <= initial <= max")
+        if not 0 < self.decrease < 1:
+            raise ValueError("decrease must be in (0, 1)")
+        if not 0 < self.aim <= 1 or not 0 < self.percentile <= 1:
+            raise ValueError("aim and percentile must be in (0, 1]")
+        if self.ttft_target_s <= 0 or self.gap_target_s <= 0:
+            raise ValueError("targets must be positive")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class SlidingWindow:
+    """Timestamped samples no older than ``span`` seconds."""
+
+    def __init__(self, span: float) -> None:
+        self.span = span
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, t: float, value: float) -> None:
+        self._samples.append((t, value))
+
+    def values(self, now: float, since: float = -math.inf) -> list[float]:
+        while self._samples and self._samples[0][0] < now - self.span:
+            self._samples.popleft()
+        return [v for t, v in self._samples if t >= since]
+
+
+class BudgetController:
+    """The budget ``B`` of one engine: prompt tokens that may be in prefill at once."""
+
+    def __init__(self, settings: BudgetSettings, now: float) -> None:
+        self.settings = settings
+        self.tokens = settings.initial_tokens
+        self.ttft = SlidingWindow(settings.window_s)
+        self.gaps = SlidingWindow(settings.window_s)
+        self._last_update = now
+        self._last_cut = -math.inf
+        self.history: deque[tuple[float, int]] = deque([(now, self.tokens)], maxlen=600)
+
+    def observe_ttft(self, now: float, seconds: float) -> None:
+        self.ttft.add(now, seconds)
+
+    def observe_gap(self, now: float, seconds: float) -> None:
+        self.gaps.add(now, seconds)
+
+    def signal(self, now: float) -> tuple[float | None, float | None]:
+        """The judged percentiles of TTFT and gap (None: too few samples)."""
+        s = self.settings
+        ttft = self.ttft.values(now, self._last_cut)
+        gaps = self.gaps.values(now, self._last_cut)
+        p_ttft = percentile(ttft, s.percentile) if len(ttft) >= s.min_samples else None
+        p_gap = percentile(gaps, s.percentile) if len(gaps) >= s.min_samples else None
+        return p_ttft, p_gap
+
+    def update(self, now: float, batch_waiting: bool) -> int:
+        """Run the loop if an interval has passed; returns the budget."""
+        s = self.settings
+        if now - self._last_update < s.interval_s:
+            return self.tokens
+        self._last_update = now
+        p_ttft, p_gap = self.signal(now)
+        over = (p_ttft is not None and p_ttft > s.aim * s.ttft_target_s) or (
+            p_gap is not None and p_gap > s.aim * s.gap_target_s
+        )
+        before = self.tokens
+        if over:
+            self.tokens = max(s.min_tokens, int(self.tokens * s.decrease))
+            self._last_cut = now
+        elif batch_waiting:
+            self.tokens = min(s.max_tokens, self.tokens + s.increase_tokens)
+        if self.tokens != before:
+            self.history.append((now, self.tokens))
+        return self.tokens

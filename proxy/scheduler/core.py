@@ -1,0 +1,291 @@
+"""The proxy's scheduler: pure logic over an injected clock, no I/O.
+
+The edge (HTTP handlers, upstream client) tells the scheduler what happens —
+:meth:`Scheduler.submit`, :meth:`~Scheduler.on_first_token`,
+:meth:`~Scheduler.on_token_gap`, :meth:`~Scheduler.on_finished`,
+:meth:`~Scheduler.on_failed`, :meth:`~Scheduler.cancel`, engine health and load —
+and asks :meth:`Scheduler.dispatch` what to send where. The rules:
+
+- **Interactive first.** An interactive job goes at once to the engine with the
+  least predicted wait for a first token (or its conversation's engine, if close),
+  unless every engine for its model is at its hard concurrency cap or down.
+- **Batch within the budget.** A batch job is dispatched to an engine only if no
+  interactive job is queued for that engine or in prefill on it, the engine has
+  concurrency and KV headroom, and the prompt tokens in prefill there (all
+  classes) plus its own stay within the engine's budget ``B``; one batch job may
+  always run when nothing is in prefill. Batch jobs are taken in arrival order per
+  engine: a job held on an engine holds later ones there too, so a large prompt is
+  never overtaken forever by small ones.
+- Each engine's turn and the reason batch is held are recomputed after every
+  event, and the time spent in each is accounted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from proxy.clock import Clock
+from proxy.scheduler.engine import EngineLoad, EngineSettings, EngineState
+from proxy.scheduler.routing import AffinityMap, pick_engine
+from proxy.scheduler.types import (
+    Decision,
+    Dispatch,
+    HeldReason,
+    Job,
+    Phase,
+    TrafficClass,
+    Turn,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    affinity_slack_tokens: int = 2048
+    decision_log_size: int = 1000
+
+
+class UnknownModel(LookupError):
+    """No engine serves the job's model."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engines: Sequence[EngineSettings],
+        clock: Clock,
+        settings: SchedulerSettings | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("the scheduler needs at least one engine")
+        self.clock = clock
+        self.settings = settings or SchedulerSettings()
+        now = clock.now()
+        self.engines = {e.name: EngineState(e, now) for e in engines}
+        if len(self.engines) != len(engines):
+            raise ValueError("engine names must be unique")
+        self.queues: dict[TrafficClass, deque[Job]] = {c: deque() for c in TrafficClass}
+        self.jobs: dict[str, Job] = {}
+        self.log: deque[Decision] = deque(maxlen=self.settings.decision_log_size)
+        self.affinity = AffinityMap()
+
+    # -- intake ----------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        return sorted({m for e in self.engines.values() for m in e.settings.models})
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
+        if not any(e.serves(job.model) for e in self.engines.values()):
+            raise UnknownModel(job.model)
+        if job.id in self.jobs:
+            raise ValueError(f"duplicate job id {job.id!r}")
+        now = self._begin()
+        self.jobs[job.id] = job
+        self.queues[job.cls].append(job)
+        self._end(now)
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Forget a job wherever it is (queued or in flight); None if unknown."""
+        now = self._begin()
+        job = self._remove(job_id)
+        self._end(now)
+        return job
+
+    def _remove(self, job_id: str) -> Job | None:
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return None
+        if job.phase is Phase.QUEUED:
+            self.queues[job.cls].remove(job)
+        elif job.engine is not None:
+            self.engines[job.engine].inflight.pop(job.id, None)
+        job.phase = Phase.DONE
+        return job
+
+    # -- decisions -------------------------------------------------------------
+
+    def dispatch(self) -> list[Dispatch]:
+        """Decide what to send where now; the jobs returned are marked in flight."""
+        now = self._begin()
+        out = self._dispatch_interactive(now)
+        out += self._dispatch_batch(now)
+        self._end(now)
+        return out
+
+    def _candidates(self, job: Job) -> list[EngineState]:
+        return [
+            e for e in self.engines.values() if e.serves(job.model) and e.name not in job.excluded
+        ]
+
+    def _dispatch_interactive(self, now: float) -> list[Dispatch]:
+        out: list[Dispatch] = []
+        for job in list(self.queues[TrafficClass.INTERACTIVE]):
+            ready = [e for e in self._candidates(job) if e.can_take_interactive()]
+            if not ready:
+                up = any(e.up for e in self._candidates(job))
+                reason = HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
+                self._hold(now, job, self._candidates(job), reason)
+                continue
+            preferred = self.affinity.get(job.affinity)
+            engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
+            out.append(self._send(now, job, engine))
+        return out
+
+    def _interactive_queued_for(self, engine: EngineState) -> bool:
+        return any(
+            engine.serves(j.model) and engine.name not in j.excluded
+            for j in self.queues[TrafficClass.INTERACTIVE]
+        )
+
+    def _dispatch_batch(self, now: float) -> list[Dispatch]:
+        out: list[Dispatch] = []
+        blocked: set[str] = set()
+        pressure = {e.name: self._interactive_queued_for(e) for e in self.engines.values()}
+        for job in list(self.queues[TrafficClass.BATCH]):
+            candidates = [e for e in self._candidates(job) if e.name not in blocked]
+            if not candidates:
+                continue
+            refusals = {e.name: e.batch_refusal(job, pressure[e.name]) for e in candidates}
+            open_ = [e for e in candidates if refusals[e.name] is None]
+            if open_:
+                engine = min(open_, key=lambda e: (e.prefill_tokens(), len(e.inflight), e.name))
+                out.append(self._send(now, job, engine))
+                continue
+            blocked.update(refusals)
+            reason = refusals[candidates[0].name]
+            assert reason is not None
+            self._hold(now, job, candidates, reason)
+        return out
+
+    def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:
+        self.queues[job.cls].remove(job)
+        job.phase = Phase.PREFILL
+        job.engine = engine.name
+        job.dispatched_at = now
+        job.held = None
+        engine.inflight[job.id] = job
+        self.affinity.remember(job.affinity, engine.name)
+        self._log(now, engine.name, job, True, None)
+        return Dispatch(job, engine.name)
+
+    def _hold(
+        self, now: float, job: Job, engines: Iterable[EngineState], reason: HeldReason
+    ) -> None:
+        if job.held is reason:
+            return
+        job.held = reason
+        for engine in engines:
+            self._log(now, engine.name, job, False, reason)
+            break
+
+    def _log(self, now: float, engine: str, job: Job, admitted: bool, r: HeldReason | None) -> None:
+        budget = self.engines[engine].budget.tokens
+        self.log.append(Decision(now, engine, job.id, job.cls, admitted, r, budget))
+
+    # -- feedback --------------------------------------------------------------
+
+    def on_first_token(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.phase is not Phase.PREFILL or job.engine is None:
+            return
+        now = self._begin()
+        job.phase = Phase.DECODE
+        job.first_token_at = now
+        if job.cls is TrafficClass.INTERACTIVE:
+            self.engines[job.engine].budget.observe_ttft(now, now - job.arrival)
+        self._end(now)
+
+    def on_token_gap(self, job_id: str, gap_s: float) -> None:
+        """An interactive stream's gap between two tokens (batch gaps are ignored)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.engine is None or job.cls is not TrafficClass.INTERACTIVE:
+            return
+        self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
+
+    def correct_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
+        """Replace an estimated prompt size with the engine's count."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.prompt_tokens = prompt_tokens
+
+    def on_finished(self, job_id: str) -> Job | None:
+        return self.cancel(job_id)
+
+    def on_failed(self, job_id: str, *, retry: bool) -> bool:
+        """The engine failed the job. With ``retry`` (no byte reached the client yet),
+        it goes back to the head of its queue, never again to the same engine, if
+        another engine serves its model; returns whether it was requeued."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return False
+        now = self._begin()
+        if job.engine is not None:
+            self.engines[job.engine].inflight.pop(job.id, None)
+            job.excluded.add(job.engine)
+        others = [e for e in self._candidates(job) if e.up]
+        requeued = retry and bool(others)
+        if requeued:
+            job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
+            job.attempts += 1
+            self.queues[job.cls].appendleft(job)
+        else:
+            del self.jobs[job.id]
+            job.phase = Phase.DONE
+        self._end(now)
+        return requeued
+
+    def set_engine_up(self, name: str, up: bool) -> None:
+        now = self._begin()
+        self.engines[name].up = up
+        self._end(now)
+
+    def observe_load(self, name: str, load: EngineLoad) -> None:
+        now = self._begin()
+        self.engines[name].load = load
+        self._end(now)
+
+    def tick(self) -> None:
+        """Advance accounting and the budget loops to now (call it periodically)."""
+        now = self._begin()
+        self._end(now)
+
+    # -- turns -----------------------------------------------------------------
+
+    def _begin(self) -> float:
+        now = self.clock.now()
+        for engine in self.engines.values():
+            engine.account(now)
+        return now
+
+    def _end(self, now: float) -> None:
+        for engine in self.engines.values():
+            turn, reason = self._turn_of(engine)
+            engine.set_turn(now, turn, reason)
+            engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
+
+    def _head_batch_job(self, engine: EngineState) -> Job | None:
+        for job in self.queues[TrafficClass.BATCH]:
+            if engine.serves(job.model) and engine.name not in job.excluded:
+                return job
+        return None
+
+    def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
+        head = self._head_batch_job(engine)
+        if not engine.up:
+            return Turn.SATURATED, HeldReason.ENGINE_UNHEALTHY if head else None
+        pressure = self._interactive_queued_for(engine)
+        at_cap = len(engine.inflight) >= engine.settings.max_inflight
+        if at_cap:
+            return Turn.SATURATED, HeldReason.CONCURRENCY_CAP if head else None
+        if pressure or engine.interactive_in_prefill():
+            return Turn.INTERACTIVE, HeldReason.INTERACTIVE_WAITING if head else None
+        if head is not None:
+            reason = engine.batch_refusal(head, False)
+            if reason is HeldReason.KV_HEADROOM:
+                return Turn.SATURATED, reason
+            return Turn.BATCH, reason
+        if engine.count(TrafficClass.BATCH):
+            return Turn.BATCH, None
+        return Turn.IDLE, None

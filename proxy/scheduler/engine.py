@@ -1,0 +1,130 @@
+"""What the scheduler knows about one engine: work in flight, headroom, turn.
+
+Work in flight is split by phase and class: prompt tokens still in prefill
+(dispatched, no first token yet) and streams in decode. Headroom comes from the
+engine's own ``/metrics`` (KV-cache usage, requests waiting inside the engine) as
+last scraped, and from the configured concurrency caps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.scheduler.budget import BudgetController, BudgetSettings
+from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """Per-engine scheduling settings.
+
+    - ``max_inflight``: hard cap on requests the proxy keeps in the engine at once
+      (interactive requests are dispatched at once unless this is reached).
+    - ``batch_max_inflight``: cap on batch requests in the engine.
+    - ``kv_high_watermark``: no batch admission while the engine reports KV-cache
+      usage at or above this fraction.
+    """
+
+    name: str
+    models: frozenset[str]
+    max_inflight: int = 256
+    batch_max_inflight: int = 64
+    kv_high_watermark: float = 0.90
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """An engine's own view of its load, from its last ``/metrics`` scrape."""
+
+    kv_usage: float = 0.0
+    waiting: int = 0
+    running: int = 0
+
+
+class EngineState:
+    def __init__(self, settings: EngineSettings, now: float) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.up = True
+        self.load = EngineLoad()
+        self.inflight: dict[str, Job] = {}
+        self.budget = BudgetController(settings.budget, now)
+        self.turn = Turn.IDLE
+        self.held_reason: HeldReason | None = None
+        self.turn_seconds: dict[Turn, float] = dict.fromkeys(Turn, 0.0)
+        self.held_seconds: dict[HeldReason, float] = dict.fromkeys(HeldReason, 0.0)
+        self.turn_since = now
+        self._accounted_at = now
+
+    def serves(self, model: str) -> bool:
+        return model in self.settings.models
+
+    # -- work in flight --------------------------------------------------------
+
+    def prefill_tokens(self, cls: TrafficClass | None = None) -> int:
+        return sum(
+            j.prompt_tokens
+            for j in self.inflight.values()
+            if j.phase is Phase.PREFILL and (cls is None or j.cls is cls)
+        )
+
+    def decode_streams(self, cls: TrafficClass | None = None) -> int:
+        return sum(
+            1
+            for j in self.inflight.values()
+            if j.phase is Phase.DECODE and (cls is None or j.cls is cls)
+        )
+
+    def count(self, cls: TrafficClass | None = None) -> int:
+        return sum(1 for j in self.inflight.values() if cls is None or j.cls is cls)
+
+    def interactive_in_prefill(self) -> bool:
+        return any(
+            j.cls is TrafficClass.INTERACTIVE and j.phase is Phase.PREFILL
+            for j in self.inflight.values()
+        )
+
+    # -- admission -------------------------------------------------------------
+
+    def can_take_interactive(self) -> bool:
+        return self.up and len(self.inflight) < self.settings.max_inflight
+
+    def batch_refusal(self, job: Job, interactive_queued: bool) -> HeldReason | None:
+        """Why ``job`` (batch) may not be dispatched here now; None if it may.
+
+        The single-request rule: a job larger than the budget still runs when
+        nothing else is in prefill, so no prompt is starved by its size.
+        """
+        s = self.settings
+        if not self.up:
+            return HeldReason.ENGINE_UNHEALTHY
+        if interactive_queued or self.interactive_in_prefill():
+            return HeldReason.INTERACTIVE_WAITING
+        if len(self.inflight) >= s.max_inflight or self.count(TrafficClass.BATCH) >= (
+            s.batch_max_inflight
+        ):
+            return HeldReason.CONCURRENCY_CAP
+        if self.load.kv_usage >= s.kv_high_watermark:
+            return HeldReason.KV_HEADROOM
+        in_prefill = self.prefill_tokens()
+        if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:
+            return HeldReason.PREFILL_BUDGET
+        return None
+
+    # -- turn and its accounting ----------------------------------------------
+
+    def account(self, now: float) -> None:
+        """Charge the time since the last call to the current turn and reason."""
+        elapsed = now - self._accounted_at
+        if elapsed > 0:
+            self.turn_seconds[self.turn] += elapsed
+            if self.held_reason is not None:
+                self.held_seconds[self.held_reason] += elapsed
+        self._accounted_at = max(self._accounted_at, now)
+
+    def set_turn(self, now: float, turn: Turn, reason: HeldReason | None) -> None:
+        if turn is not self.turn:
+            self.turn_since = now
+        self.turn = turn
+        self.held_reason = reason

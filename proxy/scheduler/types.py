@@ -1,0 +1,90 @@
+"""The vocabulary of the proxy's scheduler: classes, turns, reasons, jobs, decisions."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class TrafficClass(enum.StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class Turn(enum.StrEnum):
+    """Whose turn an engine is on.
+
+    - ``interactive``: interactive work is queued for the engine or in prefill on
+      it; batch is held.
+    - ``batch``: no interactive pressure; batch is admitted within the budget.
+    - ``saturated``: the engine has no headroom for anyone (or is down).
+    - ``idle``: nothing is waiting for the engine.
+    """
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    SATURATED = "saturated"
+    IDLE = "idle"
+
+
+class HeldReason(enum.StrEnum):
+    """Why batch work queued for an engine is not admitted to it."""
+
+    INTERACTIVE_WAITING = "interactive_waiting"
+    PREFILL_BUDGET = "prefill_budget"
+    KV_HEADROOM = "kv_headroom"
+    CONCURRENCY_CAP = "concurrency_cap"
+    ENGINE_UNHEALTHY = "engine_unhealthy"
+
+
+class Phase(enum.StrEnum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass(eq=False, kw_only=True)
+class Job:
+    """One request as the scheduler sees it.
+
+    ``prompt_tokens`` is exact for batch work (counted by the engine's tokenizer)
+    and may be an estimate for interactive work until corrected from ``usage``.
+    ``affinity`` names a conversation (same user, or same leading messages) whose
+    prefix an engine may hold in its cache.
+    """
+
+    id: str
+    cls: TrafficClass
+    model: str
+    prompt_tokens: int
+    arrival: float
+    affinity: str | None = None
+    phase: Phase = Phase.QUEUED
+    engine: str | None = None
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    excluded: set[str] = field(default_factory=set)
+    attempts: int = 0
+    held: HeldReason | None = None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Send ``job`` to ``engine`` now."""
+
+    job: Job
+    engine: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One scheduling decision, as kept in the decision log."""
+
+    time: float
+    engine: str
+    job_id: str
+    cls: TrafficClass
+    admitted: bool
+    reason: HeldReason | None
+    budget: int

@@ -1,0 +1,226 @@
+"""The digital twin: chat beside a batch job, direct or through the proxy's scheduler,
+on simulated engines in virtual time.
+
+The same :class:`proxy.scheduler.Scheduler` code that runs in the proxy decides
+here, on the same virtual clock as the engine model, with no HTTP in between, so a
+ten-minute mixed workload runs in seconds and gives the same answer every time.
+
+Workload (issue #3): Poisson chat arrivals with prompts of 200-2,000 tokens and
+answers of 100-300; beside it a batch job of 8,000-token documents that keeps
+``batch_concurrency`` documents submitted at all times (a closed loop, as a batch
+runner does), so the engine is saturated.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from proxy.clock import VirtualClock
+from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
+from proxy.scheduler.budget import percentile
+from proxy.sim.engine import SimEngine, StepResult
+from proxy.sim.profile import StepCost
+from proxy.sim.scheduler import SchedulerConfig
+from proxy.sim.virtual import VirtualRunner
+
+INTERACTIVE_PRIORITY = -10
+BATCH_PRIORITY = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixedWorkload:
+    duration_s: float = 600.0
+    warmup_s: float = 30.0
+    chat_rate_per_s: float = 2.0
+    chat_prompt_tokens: tuple[int, int] = (200, 2000)
+    chat_answer_tokens: tuple[int, int] = (100, 300)
+    batch_doc_tokens: int = 8000
+    batch_answer_tokens: int = 200
+    batch_concurrency: int = 32
+    seed: int = 0
+
+
+@dataclass
+class _Record:
+    cls: TrafficClass
+    arrival: float
+    first_token: float | None = None
+    finished: float | None = None
+    gaps: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    name: str
+    ttft_p50: float
+    ttft_p95: float
+    ttft_p99: float
+    gap_p95: float
+    chat_done_p50: float
+    chat_done_p95: float
+    chats: int
+    batch_docs_per_hour: float
+
+
+class _Recorder:
+    """Per-request timings keyed by request id, fed from engine step results."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, _Record] = {}
+        self.on_batch_done: Callable[[float], None] = lambda t: None
+
+    def listen(self, _: SimEngine, result: StepResult) -> None:
+        for token in result.tokens:
+            record = self.records.get(token.request.request_id)
+            if record is None:
+                continue
+            if token.is_first:
+                record.first_token = token.time
+            elif token.gap is not None:
+                record.gaps.append(token.gap)
+            if token.finished:
+                record.finished = token.time
+                if record.cls is TrafficClass.BATCH:
+                    self.on_batch_done(token.time)
+
+    def result(self, name: str, workload: MixedWorkload) -> ArmResult:
+        lo, hi = workload.warmup_s, workload.duration_s
+        chats = [
+            r
+            for r in self.records.values()
+            if r.cls is TrafficClass.INTERACTIVE and lo <= r.arrival < hi and r.finished
+        ]
+        ttft = [r.first_token - r.arrival for r in chats if r.first_token is not None]
+        done = [r.finished - r.arrival for r in chats if r.finished is not None]
+        gaps = [g for r in chats for g in r.gaps]
+        docs = [
+            r
+            for r in self.records.values()
+            if r.cls is TrafficClass.BATCH and r.finished is not None and lo <= r.finished < hi
+        ]
+        return ArmResult(
+            name=name,
+            ttft_p50=percentile(ttft, 0.50),
+            ttft_p95=percentile(ttft, 0.95),
+            ttft_p99=percentile(ttft, 0.99),
+            gap_p95=percentile(gaps, 0.95),
+            chat_done_p50=percentile(done, 0.50),
+            chat_done_p95=percentile(done, 0.95),
+            chats=len(chats),
+            batch_docs_per_hour=len(docs) / (hi - lo) * 3600,
+        )
+
+
+Submit = Callable[[float, str, TrafficClass, list[int], int], None]
+
+
+def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: _Recorder, submit: Submit) -> None:
+    """Schedule the chat arrivals and the batch job's closed loop."""
+    rng = random.Random(workload.seed)
+    ids = iter(range(10**9))
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(16, 32000) for _ in range(n)]
+
+    def send(t: float, cls: TrafficClass, prompt: int, answer: int) -> None:
+        rid = f"{cls.value}-{next(ids)}"
+        rec.records[rid] = _Record(cls, t)
+        submit(t, rid, cls, tokens(prompt), answer)
+
+    def next_doc(t: float) -> None:
+        if t < workload.duration_s:
+            send(t, TrafficClass.BATCH, workload.batch_doc_tokens, workload.batch_answer_tokens)
+
+    rec.on_batch_done = next_doc
+    for _ in range(workload.batch_concurrency):
+        runner.call_at(0.0, next_doc)
+    t = 0.0
+    while True:
+        t += rng.expovariate(workload.chat_rate_per_s)
+        if t >= workload.duration_s:
+            break
+        prompt = rng.randint(*workload.chat_prompt_tokens)
+        answer = rng.randint(*workload.chat_answer_tokens)
+        runner.call_at(t, _bind(send, TrafficClass.INTERACTIVE, prompt, answer))
+
+
+def _bind(
+    send: Callable[[float, TrafficClass, int, int], None], cls: TrafficClass, p: int, a: int
+) -> Callable[[float], None]:
+    return lambda at: send(at, cls, p, a)
+
+
+def run_direct(
+    name: str, workload: MixedWorkload, config: SchedulerConfig, cost: StepCost
+) -> ArmResult:
+    """Every request straight into one engine; under the priority policy chat gets
+    priority -10 and batch 0 (lower first, as in vLLM)."""
+    clock = VirtualClock()
+    engine = SimEngine(config, cost, clock)
+    runner = VirtualRunner(engine, clock)
+    rec = _Recorder()
+    runner.listeners.append(rec.listen)
+
+    def submit(t: float, rid: str, cls: TrafficClass, prompt: list[int], answer: int) -> None:
+        priority = INTERACTIVE_PRIORITY if cls is TrafficClass.INTERACTIVE else BATCH_PRIORITY
+        if config.scheduling_policy.value == "fcfs":
+            priority = 0
+        engine.add_request(prompt, answer, request_id=rid, priority=priority, arrival_time=t)
+
+    _drive(workload, runner, rec, submit)
+    runner.run()
+    return rec.result(name, workload)
+
+
+def run_proxy(
+    name: str,
+    workload: MixedWorkload,
+    config: SchedulerConfig,
+    cost: StepCost,
+    engine_settings: EngineSettings,
+    scrape_interval_s: float = 1.0,
+) -> tuple[ArmResult, Scheduler]:
+    """The same workload through the proxy's scheduler in front of one engine."""
+    clock = VirtualClock()
+    engine = SimEngine(config, cost, clock)
+    runner = VirtualRunner(engine, clock)
+    scheduler = Scheduler([engine_settings], clock)
+    rec = _Recorder()
+    payloads: dict[str, tuple[list[int], int]] = {}
+    model = next(iter(engine_settings.models))
+
+    def pump() -> None:
+        for d in scheduler.dispatch():
+            prompt, answer = payloads.pop(d.job.id)
+            engine.add_request(prompt, answer, request_id=d.job.id)
+
+    def feed(_: SimEngine, result: StepResult) -> None:
+        for token in result.tokens:
+            rid = token.request.request_id
+            if token.is_first:
+                scheduler.on_first_token(rid)
+            elif token.gap is not None:
+                scheduler.on_token_gap(rid, token.gap)
+            if token.finished:
+                scheduler.on_finished(rid)
+        pump()
+
+    def scrape(t: float) -> None:
+        load = EngineLoad(engine.kv_cache_usage, engine.num_waiting, engine.num_running)
+        scheduler.observe_load(engine_settings.name, load)
+        pump()
+        if t < workload.duration_s:
+            runner.call_at(t + scrape_interval_s, scrape)
+
+    def submit(t: float, rid: str, cls: TrafficClass, prompt: list[int], answer: int) -> None:
+        payloads[rid] = (prompt, answer)
+        scheduler.submit(Job(id=rid, cls=cls, model=model, prompt_tokens=len(prompt), arrival=t))
+        pump()
+
+    runner.listeners += [rec.listen, feed]
+    runner.call_at(0.0, scrape)
+    _drive(workload, runner, rec, submit)
+    runner.run()
+    return rec.result(name, workload), scheduler

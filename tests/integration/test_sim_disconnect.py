@@ -1,0 +1,147 @@
+"""A client that hangs up aborts its request in the engine at once."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import anyio
+import anyio.lowlevel
+import httpx
+import pytest
+from starlette.types import Message
+
+from proxy.sim.server import SimState, create_sim_app
+
+from .simserver import SimServer, run_server, sim_settings
+
+pytestmark = pytest.mark.integration
+
+# Real time, so that the engine is doing nothing but the request under test.
+LONG = {"max_tokens": 1500}
+ABORT_WITHIN_S = 0.1
+
+
+@pytest.fixture
+def slow_sim() -> Iterator[SimServer]:
+    with run_server(sim_settings(time_scale=1.0)) as server:
+        yield server
+
+
+def running(sim: SimServer) -> float:
+    return sim.metric("vllm:num_requests_running")
+
+
+def post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
+    """Send a request on a bare socket and return it, unread."""
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(head + data)
+    return sock
+
+
+def assert_aborted_quickly(sim: SimServer, closed_at: float) -> None:
+    sim.wait_for(lambda: running(sim) == 0, timeout=2)
+    assert time.monotonic() - closed_at < ABORT_WITHIN_S
+    assert sim.metric("vllm:num_requests_waiting") == 0
+    assert sim.metric("vllm:request_success_total", finished_reason="abort") == 1
+    assert sim.metric("vllm:kv_cache_usage_perc") == 0
+
+
+CHAT = {"messages": [{"role": "user", "content": "tell me everything"}]}
+TEXT = {"prompt": "tell me everything"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", TEXT)]
+)
+def test_closing_a_stream_aborts_the_request(
+    slow_sim: SimServer, path: str, body: dict[str, object]
+) -> None:
+    with httpx.Client(base_url=slow_sim.base_url, timeout=10) as client:
+        with client.stream("POST", path, json={**body, **LONG, "stream": True}) as response:
+            events = (line for line in response.iter_lines() if line.startswith("data: "))
+            for _ in range(3):
+                next(events)
+            assert running(slow_sim) == 1
+        closed_at = time.monotonic()
+    assert_aborted_quickly(slow_sim, closed_at)
+
+
+def test_hanging_up_on_a_whole_answer_aborts_the_request(slow_sim: SimServer) -> None:
+    sock = post_raw(slow_sim.port, "/v1/chat/completions", {**CHAT, **LONG})
+    try:
+        slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+        time.sleep(0.05)
+        assert running(slow_sim) == 1
+    finally:
+        sock.close()
+    closed_at = time.monotonic()
+    assert_aborted_quickly(slow_sim, closed_at)
+
+
+def test_hanging_up_while_queued_aborts_the_waiting_request(slow_sim: SimServer) -> None:
+    # 2,000 prompt tokens fill one step of the 2,048-token budget: ~0.4 s of prefill.
+    first = post_raw(
+        slow_sim.port, "/v1/completions", {"prompt": list(range(100, 2100)), "max_tokens": 40}
+    )
+    try:
+        slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+        second = post_raw(slow_sim.port, "/v1/completions", {"prompt": "me next", "max_tokens": 5})
+        slow_sim.wait_for(lambda: slow_sim.metric("vllm:num_requests_waiting") == 1, timeout=1)
+        second.close()
+        closed_at = time.monotonic()
+        slow_sim.wait_for(lambda: slow_sim.metric("vllm:num_requests_waiting") == 0, timeout=1)
+        assert time.monotonic() - closed_at < ABORT_WITHIN_S
+        assert slow_sim.metric("vllm:request_success_total", finished_reason="abort") == 1
+        assert running(slow_sim) == 1
+    finally:
+        first.close()
+    slow_sim.wait_for(lambda: running(slow_sim) == 0, timeout=1)
+
+
+@pytest.mark.anyio
+async def test_a_client_gone_before_the_first_event_still_aborts() -> None:
+    """Driven through ASGI: the hang-up is seen before the event generator ever ran."""
+    app = create_sim_app(sim_settings(time_scale=1.0))
+    body = json.dumps({**TEXT, **LONG, "stream": True}).encode()
+    inbox: list[Message] = [
+        {"type": "http.request", "body": body, "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        if not inbox:
+            await anyio.sleep_forever()
+        return inbox.pop(0)
+
+    async def send(message: Message) -> None:
+        await anyio.lowlevel.checkpoint()  # a server's send may yield; the hang-up lands here
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 80),
+    }
+    async with app.router.lifespan_context(app):
+        with anyio.fail_after(5):
+            await app(scope, receive, send)
+        state = app.state.sim
+        assert isinstance(state, SimState)
+        assert state.engine.num_running + state.engine.num_waiting == 0
+        assert state.driver.num_streams == 0
