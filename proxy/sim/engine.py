@@ -144,7 +144,8 @@ class SimEngine:
         for out in self.scheduler.update_from_output(plan.output):
             request = out.request
             is_first = request.first_token_time is None
-            gap = None if is_first else t - (request.last_token_time or t)
+            last = request.last_token_time
+            gap = None if is_first or last is None else t - last
             if is_first:
                 request.first_token_time = t
             request.last_token_time = t
