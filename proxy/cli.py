@@ -85,6 +85,32 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run model time this many times faster than wall time",
     )
 
+    serve = commands.add_parser("serve", help="run the proxy in front of engines")
+    serve.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="an engine's base URL (repeat for several)",
+    )
+    serve.add_argument("--config", default=None, help="YAML settings file")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument(
+        "--ttft-target",
+        type=float,
+        default=None,
+        dest="ttft_target_s",
+        help="interactive TTFT target in seconds (default 0.3)",
+    )
+    serve.add_argument(
+        "--gap-target",
+        type=float,
+        default=None,
+        dest="gap_target_s",
+        help="interactive inter-token gap target in seconds (default 0.1)",
+    )
+
     inter = sim_commands.add_parser(
         "interference",
         help="print the chat-behind-batch interference table, in virtual time",
@@ -101,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every upstream call at info; keep those for debugging only.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         if args.command == "sim" and args.sim_command == "interference":
             from proxy.sim.interference import run_interference
@@ -110,11 +138,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             from proxy.sim.server import serve
 
             return serve(_sim_settings(args))
+        if args.command == "serve":
+            return _serve(args)
     except (ProfileError, ValueError) as exc:
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.api.app import create_app
+    from proxy.config import load_settings
+
+    overrides = {
+        "engines": [{"url": u} for u in args.engine] if args.engine else None,
+        "host": args.host,
+        "port": args.port,
+        "ttft_target_s": args.ttft_target_s,
+        "gap_target_s": args.gap_target_s,
+    }
+    settings = load_settings(args.config, overrides)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    return 0
 
 
 def _sim_settings_for_table(args: argparse.Namespace) -> SimSettings:

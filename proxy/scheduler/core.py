@@ -22,6 +22,7 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -218,12 +219,11 @@ class Scheduler:
         it goes back to the head of its queue, never again to the same engine, if
         another engine serves its model; returns whether it was requeued."""
         job = self.jobs.get(job_id)
-        if job is None:
-            return False
+        if job is None or job.engine is None:
+            return False  # not in flight: unknown, or already requeued by a first report
         now = self._begin()
-        if job.engine is not None:
-            self.engines[job.engine].inflight.pop(job.id, None)
-            job.excluded.add(job.engine)
+        self.engines[job.engine].inflight.pop(job.id, None)
+        job.excluded.add(job.engine)
         others = [e for e in self._candidates(job) if e.up]
         requeued = retry and bool(others)
         if requeued:
@@ -235,6 +235,13 @@ class Scheduler:
             job.phase = Phase.DONE
         self._end(now)
         return requeued
+
+    def set_engine_models(self, name: str, models: Iterable[str]) -> None:
+        """Replace the models an engine serves (found by discovery)."""
+        now = self._begin()
+        engine = self.engines[name]
+        engine.settings = dataclasses.replace(engine.settings, models=frozenset(models))
+        self._end(now)
 
     def set_engine_up(self, name: str, up: bool) -> None:
         now = self._begin()

@@ -1,0 +1,71 @@
+"""OpenAI-style error responses: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error the proxy answers itself, with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.err_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+    )
+
+
+def engine_unavailable(message: str) -> APIError:
+    return APIError(503, message, err_type="service_unavailable", code=503)
+
+
+def engine_failed(message: str) -> APIError:
+    return APIError(502, message, err_type="engine_error", code=502)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return exc.response()
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        return bad_request(str(exc)).response()
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)

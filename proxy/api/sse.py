@@ -1,0 +1,94 @@
+"""Reading the engine's server-sent events without re-serialising them.
+
+:class:`SSEReader` takes the raw byte chunks of an upstream stream as they come
+and returns the complete events in them, each with its raw bytes (what is relayed
+to the client, unchanged) and its parsed ``data`` (what the proxy looks at: did a
+token arrive, is this the usage chunk, is it an error).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    raw: bytes
+    data: Json | None
+    done: bool
+
+    @property
+    def has_token(self) -> bool:
+        """Whether the event carries generated output (text, a tool call, or a finish)."""
+        if self.data is None:
+            return False
+        for choice in self.data.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if choice.get("text") or choice.get("finish_reason"):
+                return True
+            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+                return True
+        return False
+
+    @property
+    def is_usage_only(self) -> bool:
+        """The closing chunk that ``stream_options.include_usage`` adds."""
+        return self.data is not None and not self.data.get("choices") and "usage" in self.data
+
+    @property
+    def error(self) -> Json | None:
+        if self.data is None:
+            return None
+        err = self.data.get("error")
+        return err if isinstance(err, dict) else None
+
+
+def _parse(block: bytes) -> tuple[Json | None, bool]:
+    lines = [ln[5:].lstrip() for ln in block.splitlines() if ln.startswith(b"data:")]
+    if not lines:
+        return None, False
+    payload = b"\n".join(lines)
+    if payload.strip() == b"[DONE]":
+        return None, True
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None, False
+    return (data if isinstance(data, dict) else None), False
+
+
+class SSEReader:
+    """Split a byte stream into events at blank lines (``\\n\\n`` or ``\\r\\n\\r\\n``)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        self._buffer += chunk
+        events: list[SSEEvent] = []
+        while True:
+            cut, sep = self._boundary()
+            if cut < 0:
+                return events
+            raw = self._buffer[: cut + sep]
+            self._buffer = self._buffer[cut + sep :]
+            data, done = _parse(raw[:cut])
+            events.append(SSEEvent(raw, data, done))
+
+    def _boundary(self) -> tuple[int, int]:
+        found = [(i, len(s)) for s in (b"\n\n", b"\r\n\r\n") if (i := self._buffer.find(s)) >= 0]
+        return min(found) if found else (-1, 0)
+
+    @property
+    def pending(self) -> bytes:
+        return self._buffer
+
+
+def sse_error(message: str, err_type: str = "engine_error", code: int = 502) -> bytes:
+    """An SSE event carrying an OpenAI-style error object."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -1,0 +1,36 @@
+"""All upstream I/O of the proxy: engine clients, discovery, health, load scrapes.
+
+One :class:`httpx.AsyncClient` (from :func:`make_http_client`) is shared by an
+:class:`EnginePool`; each engine is an :class:`EngineClient`; an
+:class:`EngineMonitor` keeps the scheduler's view of engine health and load
+current. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
+``proxy/engines/_exceptions.py``).
+"""
+
+from proxy.engines._client import EngineClient
+from proxy.engines._exceptions import (
+    EngineBadResponse,
+    EngineHTTPError,
+    EngineStreamBroken,
+    EngineUnavailable,
+    UpstreamError,
+    map_stream_error,
+)
+from proxy.engines._metrics import parse_load
+from proxy.engines._monitor import EngineMonitor, EngineStateSink
+from proxy.engines._pool import EnginePool, make_http_client
+
+__all__ = [
+    "EngineBadResponse",
+    "EngineClient",
+    "EngineHTTPError",
+    "EngineMonitor",
+    "EnginePool",
+    "EngineStateSink",
+    "EngineStreamBroken",
+    "EngineUnavailable",
+    "UpstreamError",
+    "make_http_client",
+    "map_stream_error",
+    "parse_load",
+]

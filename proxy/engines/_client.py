@@ -1,0 +1,190 @@
+"""One engine's HTTP API: its models, health, load, token counts, streamed requests.
+
+Every call goes through the pool's shared :class:`httpx.AsyncClient`. Control
+calls (``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``) have a total time
+limit; streamed requests have none past the connect timeout, since an answer may
+take minutes. All failures come out as :class:`~proxy.engines.UpstreamError`
+subclasses (see ``_exceptions``), except read errors while the caller iterates a
+stream, which it maps with :func:`~proxy.engines.map_stream_error`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+
+from proxy.config import EngineConfig
+from proxy.engines._exceptions import (
+    EngineBadResponse,
+    EngineHTTPError,
+    UpstreamError,
+    describe,
+    map_request_error,
+    map_stream_error,
+)
+from proxy.engines._metrics import MetricsParseError, parse_load
+from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE, TokenCountCache, content_key
+from proxy.scheduler import EngineLoad
+
+logger = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 5.0
+
+
+async def close_now(response: httpx.Response) -> None:
+    """Close ``response`` even inside a cancelled scope, so the engine sees the hang-up."""
+    with anyio.CancelScope(shield=True):
+        await response.aclose()
+
+
+class EngineClient:
+    """The HTTP API of the engine ``config`` describes, over the shared ``client``."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        client: httpx.AsyncClient,
+        *,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.url = config.url
+        self.token_cache = TokenCountCache(token_cache_size)
+        self._client = client
+        self._control_timeout = httpx.Timeout(control_timeout_s, connect=client.timeout.connect)
+
+    def __repr__(self) -> str:
+        return f"EngineClient(name={self.name!r}, url={self.url!r})"
+
+    # -- control calls -------------------------------------------------------------
+
+    async def models(self) -> list[str]:
+        """The ids the engine's ``GET /v1/models`` lists."""
+        data = await self._call_json("GET", "/v1/models")
+        try:
+            return [str(card["id"]) for card in data["data"]]
+        except (KeyError, TypeError) as exc:
+            raise self._bad("/v1/models", exc) from exc
+
+    async def health(self) -> bool:
+        """Whether ``GET /health`` answers 2xx in time; never raises."""
+        try:
+            await self._call("GET", "/health")
+        except UpstreamError as exc:
+            logger.debug("engine %s: health check failed: %s", self.name, exc)
+            return False
+        return True
+
+    async def load(self) -> EngineLoad:
+        """The engine's load as its ``GET /metrics`` reports it now."""
+        response = await self._call("GET", "/metrics")
+        try:
+            return parse_load(response.text)
+        except MetricsParseError as exc:
+            raise self._bad("/metrics", exc) from exc
+
+    async def count_tokens(
+        self,
+        model: str,
+        *,
+        prompt: str | list[int] | None = None,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """The prompt tokens the engine's tokenizer makes of ``prompt`` or ``messages``.
+
+        Exactly one of them. Token ids count as they are, without a call; other
+        counts come from ``POST /tokenize`` and are cached per (model, content).
+        """
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if isinstance(prompt, list):
+            return len(prompt)
+        kind, content = ("prompt", prompt) if messages is None else ("messages", messages)
+        key = content_key(model, kind, content)
+        count = self.token_cache.get(key)
+        if count is None:
+            count = await self._tokenize({"model": model, kind: content})
+            self.token_cache.put(key, count)
+        return count
+
+    async def _tokenize(self, body: dict[str, Any]) -> int:
+        data = await self._call_json("POST", "/tokenize", body)
+        count = data.get("count") if isinstance(data, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            kind = type(data).__name__
+            raise EngineBadResponse(self.name, f"/tokenize: no token count in the {kind}")
+        return count
+
+    # -- streamed requests ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def stream(
+        self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[httpx.Response]:
+        """``POST`` ``body`` as JSON to ``path`` and yield the open 2xx response.
+
+        Raises :class:`EngineUnavailable` if no response began and
+        :class:`EngineHTTPError` (with the whole body) on a non-2xx status. The
+        caller reads ``response.aiter_raw()``; httpx errors raised there are its to
+        map with :func:`map_stream_error`. On leaving the block — normally, by an
+        exception or by cancellation — the response is closed at once, so the
+        engine sees the disconnect and aborts the request.
+        """
+        request = self._client.build_request("POST", self.url + path, json=body, headers=headers)
+        response = await self._send(request)
+        try:
+            if not response.is_success:
+                await self._read(response)
+                raise self._http_error(response)
+            yield response
+        finally:
+            await close_now(response)
+
+    # -- plumbing ------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        """A control call, read whole; raises on failure and on non-2xx."""
+        request = self._client.build_request(
+            method, self.url + path, json=body, timeout=self._control_timeout
+        )
+        response = await self._send(request)
+        try:
+            await self._read(response)
+        finally:
+            await close_now(response)
+        if not response.is_success:
+            raise self._http_error(response)
+        return response
+
+    async def _call_json(self, method: str, path: str, body: Any = None) -> Any:
+        response = await self._call(method, path, body)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise self._bad(path, exc) from exc
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise map_request_error(self.name, exc) from exc
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        try:
+            return await response.aread()
+        except httpx.HTTPError as exc:
+            raise map_stream_error(self.name, exc) from exc
+
+    def _http_error(self, response: httpx.Response) -> EngineHTTPError:
+        content_type = response.headers.get("content-type")
+        return EngineHTTPError(self.name, response.status_code, response.content, content_type)
+
+    def _bad(self, path: str, exc: Exception) -> EngineBadResponse:
+        return EngineBadResponse(self.name, f"{path}: {describe(exc)}")

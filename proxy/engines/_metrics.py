@@ -1,0 +1,55 @@
+"""An engine's load, read from its Prometheus ``/metrics`` text.
+
+vLLM V1 exposes one sample per label set (``model_name``, ``engine`` — one per
+data-parallel rank). Request counts are summed over label sets. KV-cache usage is
+a fraction per rank, so the largest one is taken: summing two ranks at 0.6 would
+claim a cache that is 120 % full. A series that is missing counts as 0; so does a
+sample that is not a finite number. ``vllm:gpu_cache_usage_perc`` (vLLM V0) is read
+when ``vllm:kv_cache_usage_perc`` is absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.scheduler import EngineLoad
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_V0 = "vllm:gpu_cache_usage_perc"
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+_WANTED = frozenset({KV_USAGE, KV_USAGE_V0, WAITING, RUNNING})
+
+
+class MetricsParseError(ValueError):
+    """The text is not a Prometheus exposition."""
+
+
+def samples(text: str) -> dict[str, list[float]]:
+    """The finite values of the wanted series, by sample name."""
+    found: dict[str, list[float]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in _WANTED and math.isfinite(sample.value):
+                    found[sample.name].append(sample.value)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise MetricsParseError(str(exc) or type(exc).__name__) from exc
+    return found
+
+
+def parse_load(text: str) -> EngineLoad:
+    """The :class:`EngineLoad` that a ``/metrics`` text describes.
+
+    Raises :class:`MetricsParseError` if the text cannot be parsed.
+    """
+    found = samples(text)
+    kv = found.get(KV_USAGE) or found.get(KV_USAGE_V0) or [0.0]
+    return EngineLoad(
+        kv_usage=max(kv),
+        waiting=round(sum(found.get(WAITING, ()))),
+        running=round(sum(found.get(RUNNING, ()))),
+    )

@@ -1,0 +1,146 @@
+"""Health checks and ``/metrics`` scrapes of every engine, fed to the scheduler.
+
+- An engine whose health check fails ``settings.unhealthy_after`` times in a row is
+  ejected (``scheduler.set_engine_up(name, False)``); one passing check readmits it.
+- :meth:`EngineMonitor.mark_failed` ejects at once, for the request path that saw
+  the engine refuse a connection. Health answers to checks sent before that call
+  are ignored, so a check already in flight cannot readmit the engine.
+- The loads of up engines go to ``scheduler.observe_load``. A failed scrape is
+  logged at warning and counted in ``scrape_failures``; the scheduler keeps the
+  last load it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+
+from proxy.config import Settings
+from proxy.engines._client import EngineClient
+from proxy.engines._exceptions import UpstreamError
+from proxy.engines._pool import EnginePool
+from proxy.scheduler import EngineLoad
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStateSink(Protocol):
+    """What the monitor tells the scheduler (:class:`proxy.scheduler.Scheduler`)."""
+
+    def set_engine_up(self, name: str, up: bool) -> None: ...
+
+    def observe_load(self, name: str, load: EngineLoad) -> None: ...
+
+
+class EngineMonitor:
+    """Keeps ``up`` (by engine name) and the scheduler's view of each engine current.
+
+    Every engine starts up, as in the scheduler. ``on_change(name, up)`` is called
+    after each ejection and readmission. ``health_rounds`` counts finished rounds of
+    health checks (``readyz`` can wait for the first one).
+    """
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        scheduler: EngineStateSink,
+        settings: Settings,
+        on_change: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.scheduler = scheduler
+        self.settings = settings
+        self.on_change = on_change
+        names = list(pool.engines)
+        self.up: dict[str, bool] = dict.fromkeys(names, True)
+        self.failures: dict[str, int] = dict.fromkeys(names, 0)
+        self.scrape_failures: dict[str, int] = dict.fromkeys(names, 0)
+        self.health_rounds = 0
+        self._epoch: dict[str, int] = dict.fromkeys(names, 0)
+
+    async def run(self) -> None:
+        """Check health every ``health_interval_s`` and scrape loads every
+        ``scrape_interval_s`` until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_every, self.settings.health_interval_s, self.check_health)
+            tg.start_soon(_every, self.settings.scrape_interval_s, self.scrape_loads)
+
+    async def check_once(self) -> None:
+        """One round: the health of every engine, then the loads of the up ones."""
+        await self.check_health()
+        await self.scrape_loads()
+
+    async def check_health(self) -> None:
+        """Ask every engine's ``/health`` concurrently and eject or readmit."""
+        epochs = dict(self._epoch)
+        results: dict[str, bool] = {}
+        async with anyio.create_task_group() as tg:
+            for engine in self.pool.engines.values():
+                tg.start_soon(_probe, engine, results)
+        for name in self.pool.engines:
+            if self._epoch[name] == epochs[name]:
+                self._record(name, results[name])
+        self.health_rounds += 1
+
+    async def scrape_loads(self) -> None:
+        """Scrape the up engines' ``/metrics`` concurrently into the scheduler."""
+        loads: dict[str, EngineLoad] = {}
+        async with anyio.create_task_group() as tg:
+            for name, engine in self.pool.engines.items():
+                if self.up[name]:
+                    tg.start_soon(self._scrape, engine, loads)
+        for name, load in loads.items():
+            self.scheduler.observe_load(name, load)
+
+    def mark_failed(self, name: str) -> None:
+        """The request path could not reach ``name``: eject it now."""
+        self._epoch[name] += 1
+        self.failures[name] = max(self.failures[name], self.settings.unhealthy_after)
+        if self.up[name]:
+            logger.warning("engine %s ejected: a request could not reach it", name)
+            self._set_up(name, False)
+
+    def _record(self, name: str, ok: bool) -> None:
+        if ok:
+            self.failures[name] = 0
+            if not self.up[name]:
+                logger.info("engine %s readmitted: its health check passed", name)
+                self._set_up(name, True)
+            return
+        self.failures[name] += 1
+        if self.up[name] and self.failures[name] >= self.settings.unhealthy_after:
+            logger.warning(
+                "engine %s ejected: %d health checks failed in a row", name, self.failures[name]
+            )
+            self._set_up(name, False)
+
+    def _set_up(self, name: str, up: bool) -> None:
+        self.up[name] = up
+        self.scheduler.set_engine_up(name, up)
+        if self.on_change is not None:
+            self.on_change(name, up)
+
+    async def _scrape(self, engine: EngineClient, loads: dict[str, EngineLoad]) -> None:
+        try:
+            loads[engine.name] = await engine.load()
+        except UpstreamError as exc:
+            self.scrape_failures[engine.name] += 1
+            logger.warning(
+                "engine %s: /metrics scrape failed (%d so far): %s",
+                engine.name,
+                self.scrape_failures[engine.name],
+                exc,
+            )
+
+
+async def _probe(engine: EngineClient, results: dict[str, bool]) -> None:
+    results[engine.name] = await engine.health()
+
+
+async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await step()
+        await anyio.sleep(interval_s)

@@ -1,0 +1,94 @@
+"""The engines the proxy fronts, sharing one HTTP client, and that client's factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import anyio
+import httpx
+
+from proxy.config import EngineConfig, Settings
+from proxy.engines._client import CONTROL_TIMEOUT_S, EngineClient
+from proxy.engines._exceptions import UpstreamError
+from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE
+
+logger = logging.getLogger(__name__)
+
+MIN_CONNECTIONS = 1000
+WRITE_TIMEOUT_S = 30.0
+USER_AGENT = "whoseturn"
+
+
+def make_http_client(
+    settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The one client for all upstream traffic; the caller closes it.
+
+    Connects time out after ``settings.connect_timeout_s``; reads never do (a
+    stream may run for minutes; control calls set their own limit), and waiting
+    for a free connection is queueing, not failure. Engines are asked not to
+    compress (``Accept-Encoding: identity``) so raw bytes can be passed through
+    to clients as they are, and proxy variables in the environment are ignored.
+    """
+    connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(
+            connect=settings.connect_timeout_s, read=None, write=WRITE_TIMEOUT_S, pool=None
+        ),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
+        trust_env=False,
+    )
+
+
+class EnginePool:
+    """An :class:`EngineClient` per configured engine, by name in config order."""
+
+    def __init__(
+        self,
+        configs: Sequence[EngineConfig],
+        client: httpx.AsyncClient,
+        *,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
+    ) -> None:
+        self.client = client
+        self.engines: dict[str, EngineClient] = {}
+        for config in configs:
+            if config.name in self.engines:
+                raise ValueError(f"engine names must be unique, {config.name!r} repeats")
+            self.engines[config.name] = EngineClient(
+                config,
+                client,
+                control_timeout_s=control_timeout_s,
+                token_cache_size=token_cache_size,
+            )
+
+    def client_for(self, name: str) -> EngineClient:
+        """The engine called ``name``; :class:`KeyError` if there is none."""
+        try:
+            return self.engines[name]
+        except KeyError:
+            raise KeyError(f"no engine named {name!r}") from None
+
+    async def discover(self) -> dict[str, tuple[str, ...]]:
+        """Each engine's models: as configured, else from its ``/v1/models``.
+
+        Engines are asked concurrently; one that cannot answer gets ``()`` and a
+        warning in the log. Returns every engine, in config order.
+        """
+        found = {name: engine.config.models for name, engine in self.engines.items()}
+        async with anyio.create_task_group() as tg:
+            for name, engine in self.engines.items():
+                if not found[name]:
+                    tg.start_soon(self._ask, engine, found)
+        return found
+
+    @staticmethod
+    async def _ask(engine: EngineClient, found: dict[str, tuple[str, ...]]) -> None:
+        try:
+            found[engine.name] = tuple(await engine.models())
+        except UpstreamError as exc:
+            logger.warning("engine %s: cannot list its models: %s", engine.name, exc)
