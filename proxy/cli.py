@@ -116,6 +116,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="print the chat-behind-batch interference table, in virtual time",
     )
     _add_engine_flags(inter)
+    evaluate = sim_commands.add_parser(
+        "evaluate",
+        help="chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
+    )
+    _add_engine_flags(evaluate)
+    evaluate.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
+    evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
+    evaluate.add_argument("--batch-concurrency", type=int, default=128)
+    evaluate.add_argument("--seed", type=int, default=0)
     inter.add_argument("--batch-prompts", type=int, default=64)
     inter.add_argument("--batch-prompt-tokens", type=int, default=8000)
     return parser
@@ -134,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from proxy.sim.interference import run_interference
 
             return run_interference(_sim_settings_for_table(args), args)
+        if args.command == "sim" and args.sim_command == "evaluate":
+            return _evaluate(_sim_settings_for_table(args), args)
         if args.command == "sim":
             from proxy.sim.server import serve
 
@@ -163,6 +174,33 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides)
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    return 0
+
+
+def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
+    from proxy.sim import twin
+
+    workload = twin.MixedWorkload(
+        duration_s=args.duration,
+        chat_rate_per_s=args.chat_rate,
+        batch_concurrency=args.batch_concurrency,
+        seed=args.seed,
+    )
+    print(
+        f"Profile `{settings.profile.name}`, virtual time, {workload.duration_s:.0f} s "
+        f"(first {workload.warmup_s:.0f} s not counted): Poisson chat at "
+        f"{workload.chat_rate_per_s}/s (prompts {workload.chat_prompt_tokens[0]}-"
+        f"{workload.chat_prompt_tokens[1]} tokens, answers {workload.chat_answer_tokens[0]}-"
+        f"{workload.chat_answer_tokens[1]}) beside a batch job keeping "
+        f"{workload.batch_concurrency} documents of {workload.batch_doc_tokens:,} tokens "
+        f"({workload.batch_answer_tokens} answer tokens) submitted.\n"
+    )
+    results = twin.evaluation_arms(
+        workload, settings.scheduler, settings.profile.step, settings.served_model_name
+    )
+    print(twin.evaluation_table(results))
+    print()
+    print("\n".join(twin.verdict(results, ttft_target_s=0.3)))
     return 0
 
 

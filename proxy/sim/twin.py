@@ -13,6 +13,7 @@ runner does), so the engine is saturated.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficC
 from proxy.scheduler.budget import percentile
 from proxy.sim.engine import SimEngine, StepResult
 from proxy.sim.profile import StepCost
+from proxy.sim.queues import SchedulingPolicy
 from proxy.sim.scheduler import SchedulerConfig
 from proxy.sim.virtual import VirtualRunner
 
@@ -165,7 +167,7 @@ def run_direct(
 
     def submit(t: float, rid: str, cls: TrafficClass, prompt: list[int], answer: int) -> None:
         priority = INTERACTIVE_PRIORITY if cls is TrafficClass.INTERACTIVE else BATCH_PRIORITY
-        if config.scheduling_policy.value == "fcfs":
+        if config.scheduling_policy is SchedulingPolicy.FCFS:
             priority = 0
         engine.add_request(prompt, answer, request_id=rid, priority=priority, arrival_time=t)
 
@@ -224,3 +226,70 @@ def run_proxy(
     _drive(workload, runner, rec, submit)
     runner.run()
     return rec.result(name, workload), scheduler
+
+
+def recommended_engine_flags(config: SchedulerConfig) -> SchedulerConfig:
+    """The engine flags the proxy's documentation recommends beside it: cap each
+    request's prefill chunk per step (``--long-prefill-token-threshold 2048``), so a
+    long prompt in prefill never fills a whole step and a chat prompt admitted
+    beside it starts at once."""
+    return dataclasses.replace(config, long_prefill_token_threshold=2048)
+
+
+def evaluation_arms(
+    workload: MixedWorkload, config: SchedulerConfig, cost: StepCost, model: str
+) -> list[ArmResult]:
+    """The comparison of issue #3: direct FCFS, direct priority, through the proxy
+    (and, to show flags alone do not do it, direct FCFS with the recommended flags)."""
+    tuned = recommended_engine_flags(config)
+    fcfs = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.FCFS)
+    prio = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.PRIORITY)
+    proxy_engine = EngineSettings(name="engine-0", models=frozenset({model}))
+    proxied, _ = run_proxy(
+        "(c) through the proxy, recommended flags", workload, tuned, cost, proxy_engine
+    )
+    return [
+        run_direct("(a) direct, FCFS", workload, fcfs, cost),
+        run_direct(
+            "(a') direct, FCFS, recommended flags", workload, recommended_engine_flags(fcfs), cost
+        ),
+        run_direct("(b) direct, engine priority (chat -10)", workload, prio, cost),
+        proxied,
+    ]
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def evaluation_table(results: list[ArmResult]) -> str:
+    lines = [
+        "| arm | TTFT p50 | TTFT p95 | TTFT p99 | gap p95 | chat done p50 | chat done p95 "
+        "| batch docs/hour |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.name} | {_fmt(r.ttft_p50)} | {_fmt(r.ttft_p95)} | {_fmt(r.ttft_p99)} "
+            f"| {_fmt(r.gap_p95)} | {_fmt(r.chat_done_p50)} | {_fmt(r.chat_done_p95)} "
+            f"| {r.batch_docs_per_hour:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def verdict(results: list[ArmResult], ttft_target_s: float) -> list[str]:
+    """The bar of issue #3, checked: (c) p95 TTFT at or under target and at least
+    5x lower than (a), with batch throughput at least 85% of (a)'s."""
+    direct, proxied = results[0], results[-1]
+    ratio = direct.ttft_p95 / proxied.ttft_p95
+    share = proxied.batch_docs_per_hour / direct.batch_docs_per_hour
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    return [
+        f"- (c) TTFT p95 {_fmt(proxied.ttft_p95)} vs target {_fmt(ttft_target_s)}: "
+        f"{mark(proxied.ttft_p95 <= ttft_target_s)}",
+        f"- (c) TTFT p95 is {ratio:,.1f}x lower than (a): {mark(ratio >= 5)} (bar 5x)",
+        f"- (c) batch throughput is {share:.1%} of (a): {mark(share >= 0.85)} (bar 85%)",
+    ]
