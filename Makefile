@@ -4,10 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help test lint typecheck check interference sim clean
+.PHONY: help test lint check interference evaluate sim clean
 
 help:
 	@echo "make interference  print the chat-behind-batch table from the simulated engine"
+	@echo "make evaluate      chat beside a batch job, direct vs through the proxy (virtual time)"
 	@echo "make sim           run the simulated vLLM engine on :8000 (whoseturn sim)"
 	@echo "make test          bootstrap .venv and run the unit and integration tests"
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
@@ -31,6 +32,9 @@ check: lint test
 
 interference: $(STAMP)
 	$(BIN)/whoseturn sim interference
+
+evaluate: $(STAMP)
+	$(BIN)/whoseturn sim evaluate
 
 sim: $(STAMP)
 	$(BIN)/whoseturn sim --port 8000

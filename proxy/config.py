@@ -87,6 +87,29 @@ def _known(cls: type[Any], data: Mapping[str, Any], where: str) -> None:
     _check(not unknown, where, f"unknown keys {unknown}; known: {sorted(names)}")
 
 
+_NOUNS = {"int": "an integer", "float": "a number", "str": "a string"}
+
+
+def _typed(cls: type[Any], data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``data`` with its scalar fields checked against ``cls`` (ints pass as floats),
+    so that ``port: "80"`` is an error naming ``port``, not a TypeError later."""
+    out = dict(data)
+    for f in dataclasses.fields(cls):
+        kind = str(f.type)  # a name: annotations are postponed
+        if f.name not in out or kind not in _NOUNS:
+            continue
+        value = out[f.name]
+        if kind == "str":
+            ok = isinstance(value, str)
+        else:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = number and (kind == "float" or isinstance(value, int))
+        _check(ok, prefix + f.name, f"expected {_NOUNS[kind]}, got {value!r}")
+        if kind == "float":
+            out[f.name] = float(value)
+    return out
+
+
 def _engine(data: Any, index: int) -> EngineConfig:
     where = f"engines[{index}]"
     if isinstance(data, str):
@@ -104,7 +127,7 @@ def _engine(data: Any, index: int) -> EngineConfig:
     budget_data = body.pop("budget", {}) or {}
     _check(isinstance(budget_data, Mapping), f"{where}.budget", "expected a mapping")
     _known(BudgetConfig, budget_data, f"{where}.budget")
-    budget = BudgetConfig(**budget_data)
+    budget = BudgetConfig(**_typed(BudgetConfig, budget_data, f"{where}.budget."))
     _check(
         0 < budget.min_tokens <= budget.initial_tokens <= budget.max_tokens,
         f"{where}.budget",
@@ -116,14 +139,9 @@ def _engine(data: Any, index: int) -> EngineConfig:
         f"{where}.models",
         "expected a list of model names",
     )
+    body.update(url=url, name=str(body.get("name") or f"engine-{index}"))
     cfg = EngineConfig(
-        **{
-            **body,
-            "url": url,
-            "name": str(body.get("name") or f"engine-{index}"),
-            "models": tuple(models),
-            "budget": budget,
-        }
+        **_typed(EngineConfig, body, f"{where}."), models=tuple(models), budget=budget
     )
     _check(
         cfg.scheduling_policy in ("fcfs", "priority"),
@@ -159,7 +177,9 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     )
     keys = tuple(str(k) for k in body.pop("api_keys", ()) or ())
     try:
-        settings = Settings(engines=parsed, class_override=override, api_keys=keys, **body)
+        settings = Settings(
+            engines=parsed, class_override=override, api_keys=keys, **_typed(Settings, body, "")
+        )
     except TypeError as exc:
         raise ConfigError(f"settings: {exc}") from exc
     _check(1 <= settings.port <= 65535, "port", "expected 1..65535")

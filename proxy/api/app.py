@@ -184,8 +184,10 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        up = [name for name, ok in _state(request).monitor.up.items() if ok]
-        return JSONResponse({"ready": bool(up), "engines_up": up}, status_code=200 if up else 503)
+        monitor = _state(request).monitor
+        up = [n for n, ok in monitor.up.items() if ok and monitor.failures[n] == 0]
+        ready = monitor.health_rounds > 0 and bool(up)
+        return JSONResponse({"ready": ready, "engines_up": up}, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

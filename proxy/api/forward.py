@@ -126,6 +126,10 @@ class Forwarder:
         model = body["model"]
         if model not in self.admission.scheduler.models():
             raise model_not_found(model)
+        if cls is TrafficClass.INTERACTIVE and not self._any_engine_up(model):
+            # Interactive work does not wait for an engine to come back: 503 now.
+            self.metrics.requests.labels(cls.value, "", "rejected").inc()
+            raise engine_unavailable(f"No engine serving `{model}` is up.")
         tokens = await self._prompt_tokens(cls, model, body)
         job = Job(
             id=f"wt-{uuid.uuid4().hex}", cls=cls, model=model, prompt_tokens=tokens,
@@ -145,6 +149,10 @@ class Forwarder:
                 self.metrics.requests.labels(cls.value, "", "cancelled").inc()
             logger.debug("client left before its answer started: %s", job.id)
             return Response(status_code=499)
+
+    def _any_engine_up(self, model: str) -> bool:
+        engines = self.admission.scheduler.engines.values()
+        return any(e.up and e.serves(model) for e in engines)
 
     def _learner(self, job: Job, text: str) -> Callable[[int], None]:
         """Teach the estimator the engine's count for an estimated prompt."""
@@ -166,7 +174,8 @@ class Forwarder:
                     if isinstance(body.get("messages"), list):
                         return await client.count_tokens(model, messages=body["messages"])
                     return await client.count_tokens(model, prompt=body.get("prompt"))
-                except UpstreamError as exc:
+                except (UpstreamError, ValueError) as exc:
+                    # A malformed prompt is the engine's to reject; count it roughly.
                     logger.warning("tokenize failed on %s, estimating: %s", engine.name, exc)
         return self.estimator.estimate(model, text)
 
@@ -245,7 +254,6 @@ class Forwarder:
                         assembler.add(event.data)
             except httpx.HTTPError as exc:
                 error = map_stream_error(opened.engine, exc)
-                self.monitor.mark_failed(opened.engine)
                 if self._retry(job, error):
                     continue
                 raise engine_failed(f"The engine failed mid-answer: {error}") from exc
@@ -271,9 +279,7 @@ class Forwarder:
         self, job: Job, opened: Opened, include_usage: bool, learn: Callable[[int], None]
     ) -> Response:
         relay = self._relay(job, opened, learn)
-        return RelayResponse(
-            relay, opened.stack, include_usage, self._headers(job, opened.engine), self.monitor
-        )
+        return RelayResponse(relay, opened.stack, include_usage, self._headers(job, opened.engine))
 
 
 class PassThrough(Exception):
@@ -304,14 +310,12 @@ class RelayResponse(StreamingResponse):
         stack: AsyncExitStack,
         include_usage: bool,
         headers: dict[str, str],
-        monitor: EngineMonitor,
     ) -> None:
         self._gen = self._bytes()
         super().__init__(self._gen, media_type="text/event-stream", headers=headers)
         self.relay = relay
         self.stack = stack
         self.include_usage = include_usage
-        self.monitor = monitor
         self.outcome = "cancelled"
         self._closed = False
 
@@ -324,7 +328,6 @@ class RelayResponse(StreamingResponse):
             self.outcome = "engine_error" if self.relay.stats.engine_error else "ok"
         except httpx.HTTPError as exc:
             error = map_stream_error(self.relay.engine, exc)
-            self.monitor.mark_failed(self.relay.engine)
             self.outcome = "engine_error"
             logger.warning("stream %s broke on %s: %s", self.relay.job.id, self.relay.engine, error)
             yield sse_error(f"The engine failed mid-stream: {error}")

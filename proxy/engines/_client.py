@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import httpx
@@ -34,6 +34,15 @@ from proxy.scheduler import EngineLoad
 logger = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 5.0
+
+Prompt = str | list[int] | list[str] | list[list[int]]
+"""A completions ``prompt``: text, token ids, or a batch of either."""
+
+
+def _is_token_ids(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
 
 
 async def close_now(response: httpx.Response) -> None:
@@ -94,19 +103,39 @@ class EngineClient:
         self,
         model: str,
         *,
-        prompt: str | list[int] | None = None,
+        prompt: Prompt | None = None,
         messages: list[dict[str, Any]] | None = None,
     ) -> int:
         """The prompt tokens the engine's tokenizer makes of ``prompt`` or ``messages``.
 
-        Exactly one of them. Token ids count as they are, without a call; other
-        counts come from ``POST /tokenize`` and are cached per (model, content).
+        Exactly one of them. ``prompt`` takes every shape of the completions API:
+        a string, token ids, or a list of either (counted as their sum). Token ids
+        count as they are, without a call; text and messages are counted by
+        ``POST /tokenize`` and cached per (model, content). Raises
+        :class:`ValueError` for anything else, before any call.
         """
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt and messages")
-        if isinstance(prompt, list):
+        if prompt is None:
+            if not isinstance(messages, list):
+                raise ValueError("messages must be a list")
+            return await self._counted(model, "messages", messages)
+        if isinstance(prompt, str):
+            return await self._counted(model, "prompt", prompt)
+        if _is_token_ids(prompt):
             return len(prompt)
-        kind, content = ("prompt", prompt) if messages is None else ("messages", messages)
+        if not isinstance(prompt, list) or not all(
+            isinstance(part, str) or _is_token_ids(part) for part in prompt
+        ):
+            raise ValueError("prompt must be a string, token ids, or a list of either")
+        total = 0
+        for part in prompt:
+            total += (
+                len(part) if _is_token_ids(part) else await self._counted(model, "prompt", part)
+            )
+        return total
+
+    async def _counted(self, model: str, kind: str, content: Any) -> int:
         key = content_key(model, kind, content)
         count = self.token_cache.get(key)
         if count is None:

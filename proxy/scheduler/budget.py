@@ -51,24 +51,31 @@ class BudgetSettings:
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (nearest rank) of a non-empty list."""
     ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
+    # round off float error first: 0.07 * 100 is 7.000000000000001, and rank 7 is meant
+    rank = max(1, math.ceil(round(q * len(ordered), 9)))
     return ordered[rank - 1]
 
 
 class SlidingWindow:
-    """Timestamped samples no older than ``span`` seconds."""
+    """Timestamped samples no older than ``span`` seconds.
+
+    ``added`` counts the samples ever added: a mark in the stream that
+    ``values(now, after=mark)`` judges from, even when many share one instant.
+    """
 
     def __init__(self, span: float) -> None:
         self.span = span
-        self._samples: deque[tuple[float, float]] = deque()
+        self.added = 0
+        self._samples: deque[tuple[float, int, float]] = deque()
 
     def add(self, t: float, value: float) -> None:
-        self._samples.append((t, value))
+        self.added += 1
+        self._samples.append((t, self.added, value))
 
-    def values(self, now: float, since: float = -math.inf) -> list[float]:
+    def values(self, now: float, after: int = 0) -> list[float]:
         while self._samples and self._samples[0][0] < now - self.span:
             self._samples.popleft()
-        return [v for t, v in self._samples if t >= since]
+        return [v for _, n, v in self._samples if n > after]
 
 
 class BudgetController:
@@ -80,7 +87,7 @@ class BudgetController:
         self.ttft = SlidingWindow(settings.window_s)
         self.gaps = SlidingWindow(settings.window_s)
         self._last_update = now
-        self._last_cut = -math.inf
+        self._cut_marks = (0, 0)  # samples of each signal already judged by a cut
         self.history: deque[tuple[float, int]] = deque([(now, self.tokens)], maxlen=600)
 
     def observe_ttft(self, now: float, seconds: float) -> None:
@@ -92,8 +99,8 @@ class BudgetController:
     def signal(self, now: float) -> tuple[float | None, float | None]:
         """The judged percentiles of TTFT and gap (None: too few samples)."""
         s = self.settings
-        ttft = self.ttft.values(now, self._last_cut)
-        gaps = self.gaps.values(now, self._last_cut)
+        ttft = self.ttft.values(now, self._cut_marks[0])
+        gaps = self.gaps.values(now, self._cut_marks[1])
         p_ttft = percentile(ttft, s.percentile) if len(ttft) >= s.min_samples else None
         p_gap = percentile(gaps, s.percentile) if len(gaps) >= s.min_samples else None
         return p_ttft, p_gap
@@ -111,7 +118,7 @@ class BudgetController:
         before = self.tokens
         if over:
             self.tokens = max(s.min_tokens, int(self.tokens * s.decrease))
-            self._last_cut = now
+            self._cut_marks = (self.ttft.added, self.gaps.added)
         elif batch_waiting:
             self.tokens = min(s.max_tokens, self.tokens + s.increase_tokens)
         if self.tokens != before:
