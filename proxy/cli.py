@@ -111,6 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="interactive inter-token gap target in seconds (default 0.1)",
     )
 
+    turn = commands.add_parser("turn", help="print whose turn it is, one sentence per engine")
+    turn.add_argument("--proxy", default="http://127.0.0.1:8080", help="the proxy's base URL")
+
     inter = sim_commands.add_parser(
         "interference",
         help="print the chat-behind-batch interference table, in virtual time",
@@ -151,11 +154,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(_sim_settings(args))
         if args.command == "serve":
             return _serve(args)
+        if args.command == "turn":
+            return _turn(args.proxy)
     except (ProfileError, ValueError) as exc:
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")
     return 2
+
+
+def _turn(proxy: str) -> int:
+    import httpx
+
+    try:
+        response = httpx.get(f"{proxy.rstrip('/')}/turn", params={"format": "text"}, timeout=5)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"whoseturn: cannot ask {proxy}: {exc}", file=sys.stderr)
+        return 1
+    print(response.text, end="")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

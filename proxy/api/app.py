@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.admission import Admission
 from proxy.api.errors import install_error_handlers
 from proxy.api.forward import Forwarder
+from proxy.api.turn import install_turn_routes
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
@@ -149,6 +150,7 @@ def create_app(
     app = FastAPI(title="whoseturn", lifespan=lifespan)
     install_error_handlers(app)
     _routes(app)
+    install_turn_routes(app, lambda request: _state(request).admission)
     return app
 
 
