@@ -24,9 +24,12 @@ class Admission:
         self._waiters: dict[str, asyncio.Future[str]] = {}
 
     async def wait_for_engine(self, job: Job) -> str:
-        """Queue ``job`` and return the engine it is dispatched to."""
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiters[job.id] = future
+        """Queue ``job`` and return the engine it is dispatched to. After
+        :meth:`failed` requeued it, wait for its next engine (which may be chosen
+        already)."""
+        future = self._waiters.get(job.id)
+        if future is None:
+            future = self._hold_place(job.id)
         try:
             if job.attempts == 0:
                 self.scheduler.submit(job)
@@ -35,15 +38,21 @@ class Admission:
         except BaseException:
             # Cancelled (the client left) or failed: the job leaves the scheduler,
             # even if it was dispatched in the same instant.
-            self._waiters.pop(job.id, None)
             self.scheduler.cancel(job.id)
             self.pump()
             raise
+        finally:
+            self._waiters.pop(job.id, None)
+
+    def _hold_place(self, job_id: str) -> asyncio.Future[str]:
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiters[job_id] = future
+        return future
 
     def pump(self) -> None:
         """Run the scheduler and release the jobs it dispatches."""
         for dispatch in self.scheduler.dispatch():
-            future = self._waiters.pop(dispatch.job.id, None)
+            future = self._waiters.get(dispatch.job.id)
             if future is None or future.done():
                 # Nobody waits any more (the client left between two events).
                 self.scheduler.cancel(dispatch.job.id)
@@ -73,6 +82,10 @@ class Admission:
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""
         requeued = self.scheduler.on_failed(job_id, retry=retry)
+        if requeued:
+            # Its handler waits again only after this returns; a dispatch before
+            # then must find a waiter, or the job would be dropped as abandoned.
+            self._hold_place(job_id)
         self.pump()
         return requeued
 

@@ -193,6 +193,9 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "intervals",
         "health_interval_s and scrape_interval_s must be positive",
     )
+    _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
+    _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
+    _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
     return settings
 
 

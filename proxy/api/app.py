@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.admission import Admission
 from proxy.api.errors import install_error_handlers
 from proxy.api.forward import Forwarder
+from proxy.api.inputs import check_api_key
 from proxy.api.turn import install_turn_routes
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
@@ -174,6 +175,7 @@ def _routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         state = _state(request)
+        check_api_key(request, state.settings)
         data = [
             {"id": m, "object": "model", "created": state.created, "owned_by": "whoseturn"}
             for m in state.scheduler.models()

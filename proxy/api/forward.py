@@ -216,12 +216,11 @@ class Forwarder:
                 raise
 
     def _retry(self, job: Job, exc: Exception) -> bool:
+        engine = job.engine or ""  # before the requeue, which may dispatch it elsewhere
         requeued = self.admission.failed(job.id, retry=True)
-        logger.warning(
-            "%s failed on %s (%s); retry elsewhere: %s", job.id, job.engine, exc, requeued
-        )
+        logger.warning("%s failed on %s (%s); retry elsewhere: %s", job.id, engine, exc, requeued)
         if not requeued:
-            self.metrics.requests.labels(job.cls.value, job.engine or "", "engine_error").inc()
+            self.metrics.requests.labels(job.cls.value, engine, "engine_error").inc()
         return requeued
 
     def _count(self, job: Job, engine: str, outcome: str) -> None:

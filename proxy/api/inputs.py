@@ -118,10 +118,13 @@ def stream_wish(body: Json) -> StreamWish:
 
 
 def upstream_body(body: Json, priority: int | None) -> Json:
-    """The body sent to the engine: always streamed, always with usage."""
+    """The body sent to the engine: always streamed, always with usage. The proxy
+    decides priorities: ``priority`` is set for an engine running the priority
+    policy and removed otherwise (vLLM rejects a non-zero one under FCFS)."""
     given = body.get("stream_options")
     options: Json = given if isinstance(given, dict) else {}
     out = {**body, "stream": True, "stream_options": {**options, "include_usage": True}}
+    out.pop("priority", None)
     if priority is not None:
         out["priority"] = priority
     return out

@@ -1,0 +1,39 @@
+"""``GET /status``: the live status page.
+
+The page is one self-contained HTML file shipped as package data
+(``proxy/api/static/status.html``: plain HTML, CSS and JavaScript, nothing fetched
+from elsewhere). In the browser it polls ``GET /turn`` and ``GET /turn/log``,
+relative to its own address, so it also works behind a path prefix.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+
+PAGE = "static/status.html"
+
+
+def status_page() -> str:
+    """The page's HTML, read from the installed package."""
+    return files("proxy.api").joinpath(PAGE).read_text(encoding="utf-8")
+
+
+def install_status_route(app: FastAPI) -> None:
+    """Serve the page at ``GET /status``; it is read once, here."""
+    html = status_page()
+    headers = {
+        "Cache-Control": "no-cache",
+        # Everything the page needs is inline; it talks only to this proxy.
+        "Content-Security-Policy": (
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+        ),
+        "X-Content-Type-Options": "nosniff",
+    }
+
+    @app.get("/status", response_class=HTMLResponse, include_in_schema=False)
+    async def status() -> HTMLResponse:
+        return HTMLResponse(html, headers=headers)

@@ -1,0 +1,247 @@
+"""What the proxy reads from a request: its JSON, class, conversation, size, wishes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi import Request
+from starlette.types import Message
+
+from proxy.api.errors import APIError
+from proxy.api.inputs import (
+    CLASS_HEADER,
+    StreamWish,
+    TokenEstimator,
+    affinity_key,
+    api_key,
+    check_api_key,
+    prompt_text,
+    read_json,
+    stream_wish,
+    traffic_class,
+    upstream_body,
+)
+from proxy.config import EngineConfig, Settings
+from proxy.scheduler import TrafficClass
+
+I, B = TrafficClass.INTERACTIVE, TrafficClass.BATCH  # noqa: E741 - read as class names
+
+
+def request(body: bytes = b"", /, **headers: str) -> Request:
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw}, receive)
+
+
+def settings(**fields: Any) -> Settings:
+    return Settings(engines=(EngineConfig(url="http://e:1", name="e"),), **fields)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+# -- read_json ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_read_json_gives_the_object() -> None:
+    body = {"model": "m", "messages": []}
+    assert await read_json(request(json.dumps(body).encode())) == body
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("raw", "message", "param"),
+    [
+        (b"{not json", "not valid JSON", None),
+        (b"", "not valid JSON", None),
+        (b"[1, 2]", "must be a JSON object", None),
+        (b'"m"', "must be a JSON object", None),
+        (b"{}", "`model` is required", "model"),
+        (b'{"model": ""}', "`model` is required", "model"),
+        (b'{"model": 3}', "`model` is required", "model"),
+    ],
+)
+async def test_read_json_errors(raw: bytes, message: str, param: str | None) -> None:
+    with pytest.raises(APIError) as caught:
+        await read_json(request(raw))
+    err = caught.value.body()["error"]
+    assert caught.value.status == 400
+    assert message in err["message"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", param)
+
+
+# -- API keys and class override ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        ("Bearer k1", "k1"),
+        ("bearer   k1  ", "k1"),
+        ("Basic k1", None),
+        ("Bearer ", None),
+        ("", None),
+    ],
+)
+def test_api_key(header: str, key: str | None) -> None:
+    assert api_key(request(authorization=header)) == key
+
+
+def test_api_keys_enforced_only_when_configured() -> None:
+    check_api_key(request(), settings())
+    keyed = settings(api_keys=("k1", "k2"))
+    check_api_key(request(**bearer("k2")), keyed)
+    for headers in ({}, bearer("nope")):
+        with pytest.raises(APIError) as caught:
+            check_api_key(request(**headers), keyed)
+        assert caught.value.status == 401
+        assert caught.value.err_type == "authentication_error"
+
+
+def test_class_is_the_routes_without_the_header() -> None:
+    for allowed in (True, False, ("k1",)):
+        assert traffic_class(request(), B, settings(class_override=allowed)) is B
+
+
+@pytest.mark.parametrize("value", ["batch", " Batch ", "BATCH"])
+def test_header_overrides_when_allowed(value: str) -> None:
+    assert traffic_class(request(**{CLASS_HEADER: value}), I, settings()) is B
+
+
+def test_header_refused_when_override_is_off() -> None:
+    with pytest.raises(APIError) as caught:
+        traffic_class(request(**{CLASS_HEADER: "batch"}), I, settings(class_override=False))
+    assert caught.value.status == 403
+    assert caught.value.err_type == "permission_error"
+
+
+def test_header_allowed_only_for_listed_keys() -> None:
+    s = settings(class_override=("k1",))
+    assert traffic_class(request(**{CLASS_HEADER: "batch"}, **bearer("k1")), I, s) is B
+    assert traffic_class(request(**{CLASS_HEADER: "interactive"}, **bearer("k1")), B, s) is I
+    for headers in ({}, bearer("k2")):
+        with pytest.raises(APIError) as caught:
+            traffic_class(request(**{CLASS_HEADER: "batch"}, **headers), I, s)
+        assert caught.value.status == 403
+
+
+def test_unknown_class_is_a_bad_request() -> None:
+    with pytest.raises(APIError) as caught:
+        traffic_class(request(**{CLASS_HEADER: "urgent"}), I, settings())
+    assert caught.value.status == 400
+    assert "interactive" in caught.value.message and "batch" in caught.value.message
+
+
+# -- prompt text and affinity ---------------------------------------------------------
+
+
+def test_prompt_text_of_messages_and_prompts() -> None:
+    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": None},
+    ]
+    assert prompt_text({"messages": messages}) == "system Be brief.\nuser look \nassistant "
+    assert prompt_text({"prompt": "Once upon"}) == "Once upon"
+    assert prompt_text({"prompt": [1, 2, 3]}) == "[1, 2, 3]"
+
+
+def chat(*contents: str, **extra: Any) -> dict[str, Any]:
+    roles = ["system", "user", "assistant", "user"]
+    messages = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=False)]
+    return {"model": "m", "messages": messages, **extra}
+
+
+def test_affinity_user_wins() -> None:
+    assert affinity_key(chat("a", "b", user="alice")) == "user:alice"
+    assert affinity_key(chat("x", user="alice")) == "user:alice"
+
+
+def test_affinity_follows_the_leading_messages() -> None:
+    first = affinity_key(chat("sys", "q1"))
+    assert first.startswith("lead:")
+    assert affinity_key(chat("sys", "q1", "a1", "q2")) == first  # the same conversation
+    assert affinity_key(chat("sys", "other")) != first
+    assert affinity_key(chat("sys", "q1", user="")) == first  # an empty user is no user
+
+
+def test_affinity_of_prompts() -> None:
+    assert affinity_key({"prompt": "a" * 2000}) == affinity_key({"prompt": "a" * 1024 + "b"})
+    assert affinity_key({"prompt": "abc"}) != affinity_key({"prompt": "abd"})
+
+
+# -- token estimates ------------------------------------------------------------------
+
+
+def test_estimator_starts_at_a_quarter_token_per_char() -> None:
+    est = TokenEstimator()
+    assert est.estimate("m", "x" * 400) == 100
+    assert est.estimate("m", "") == 1
+
+
+def test_estimator_learns_each_models_ratio() -> None:
+    est = TokenEstimator()
+    for _ in range(60):
+        est.learn("m", "x" * 100, 50)  # this tokenizer: half a token per char
+    assert est.estimate("m", "x" * 400) == 200
+    assert est.estimate("other", "x" * 400) == 100
+
+
+def test_estimator_moves_a_fraction_per_lesson_and_ignores_nonsense() -> None:
+    est = TokenEstimator(tokens_per_char=0.25, weight=0.2)
+    est.learn("m", "x" * 100, 75)  # seen 0.75: 0.25 + 0.2 * 0.5 = 0.35
+    assert est.estimate("m", "x" * 100) == 35
+    est.learn("m", "", 10)
+    est.learn("m", "x" * 100, 0)
+    assert est.estimate("m", "x" * 100) == 35
+
+
+# -- stream wishes and the upstream body ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "wish"),
+    [
+        ({}, StreamWish(False, False)),
+        ({"stream": False, "stream_options": {"include_usage": True}}, StreamWish(False, False)),
+        ({"stream": True}, StreamWish(True, False)),
+        ({"stream": True, "stream_options": None}, StreamWish(True, False)),
+        ({"stream": True, "stream_options": {"include_usage": False}}, StreamWish(True, False)),
+        ({"stream": True, "stream_options": {"include_usage": True}}, StreamWish(True, True)),
+    ],
+)
+def test_stream_wish(body: dict[str, Any], wish: StreamWish) -> None:
+    assert stream_wish(body) == wish
+
+
+def test_upstream_body_always_streams_with_usage() -> None:
+    body = {"model": "m", "messages": [], "stream": False, "temperature": 0}
+    out = upstream_body(body, None)
+    assert out == {**body, "stream": True, "stream_options": {"include_usage": True}}
+    assert "priority" not in out
+    assert body["stream"] is False and "stream_options" not in body  # not mutated
+
+
+def test_upstream_body_keeps_other_stream_options() -> None:
+    options = {"include_usage": False, "continuous_usage_stats": True}
+    body = {"model": "m", "stream": True, "stream_options": options}
+    out = upstream_body(body, None)
+    assert out["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert options["include_usage"] is False
+
+
+@pytest.mark.parametrize("priority", [-10, 0])
+def test_upstream_body_priority(priority: int) -> None:
+    assert upstream_body({"model": "m", "priority": 5}, priority)["priority"] == priority
+
+
+def test_upstream_body_drops_a_clients_priority_for_an_fcfs_engine() -> None:
+    # vLLM rejects a non-zero priority unless it runs the priority policy.
+    assert "priority" not in upstream_body({"model": "m", "priority": 5}, None)

@@ -1,0 +1,228 @@
+"""Settings: defaults < YAML file < ``WHOSETURN_*`` environment < flags, and validation
+errors that name the key at fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import (
+    DEFAULT_CONFIG_FILE,
+    BudgetConfig,
+    ConfigError,
+    EngineConfig,
+    Settings,
+    load_settings,
+    settings_from_dict,
+)
+
+URL = "http://127.0.0.1:8000"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def load(tmp_path: Path, env: dict[str, str] | None = None, **kwargs: Any) -> Settings:
+    """``load_settings`` with a controlled environment and working directory."""
+    return load_settings(env=env or {}, cwd=tmp_path, **kwargs)
+
+
+# -- defaults and shapes ------------------------------------------------------------------
+
+
+def test_defaults_for_a_bare_url() -> None:
+    s = settings_from_dict({"engines": [URL + "/"]})
+    assert s.engines == (EngineConfig(url=URL, name="engine-0"),)
+    assert s.engines[0].budget == BudgetConfig()
+    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, True, ())
+
+
+def test_engine_mapping_in_full() -> None:
+    s = settings_from_dict(
+        {
+            "engines": [
+                {
+                    "url": URL,
+                    "name": "a",
+                    "models": ["tiny", "other"],
+                    "scheduling_policy": "priority",
+                    "max_inflight": 8,
+                    "batch_max_inflight": 2,
+                    "kv_high_watermark": 0.5,
+                    "budget": {"initial_tokens": 1000, "min_tokens": 100, "max_tokens": 2000},
+                },
+                "http://10.0.0.2:8000",
+            ],
+            "class_override": ["k1", "k2"],
+            "api_keys": ["k1"],
+        }
+    )
+    a, b = s.engines
+    assert a.models == ("tiny", "other")
+    assert a.scheduling_policy == "priority"
+    assert a.budget == BudgetConfig(initial_tokens=1000, min_tokens=100, max_tokens=2000)
+    assert b.name == "engine-1"
+    assert s.class_override == ("k1", "k2")
+    assert s.api_keys == ("k1",)
+
+
+# -- precedence ---------------------------------------------------------------------------
+
+
+def test_file_then_env_then_overrides(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "c.yaml",
+        f"host: 0.0.0.0\nport: 9000\nttft_target_s: 0.5\ngap_target_s: 0.2\nengines: [{URL}]\n",
+    )
+    env = {"WHOSETURN_PORT": "9100", "WHOSETURN_TTFT_TARGET_S": "0.4"}
+    s = load(tmp_path, env, config_file=str(config), overrides={"port": 9200, "host": None})
+    assert s.port == 9200  # flag beats env beats file
+    assert s.ttft_target_s == 0.4  # env beats file
+    assert s.gap_target_s == 0.2  # file alone
+    assert s.host == "0.0.0.0"  # a flag left unset (None) does not override
+
+
+def test_env_engines_replace_file_engines(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.yaml", f"engines: [{URL}]\n")
+    env = {"WHOSETURN_ENGINES": "http://x:1, http://y:2/,"}
+    s = load(tmp_path, env, config_file=str(config))
+    assert [e.url for e in s.engines] == ["http://x:1", "http://y:2"]
+
+
+def test_flag_engines_replace_env_engines(tmp_path: Path) -> None:
+    env = {"WHOSETURN_ENGINES": "http://x:1"}
+    s = load(tmp_path, env, overrides={"engines": [{"url": "http://z:3"}]})
+    assert [e.url for e in s.engines] == ["http://z:3"]
+
+
+def test_default_file_in_cwd_is_picked_up(tmp_path: Path) -> None:
+    write(tmp_path / DEFAULT_CONFIG_FILE, f"port: 8181\nengines: [{URL}]\n")
+    assert load(tmp_path).port == 8181
+
+
+def test_whoseturn_config_env_names_the_file(tmp_path: Path) -> None:
+    write(tmp_path / DEFAULT_CONFIG_FILE, f"port: 8181\nengines: [{URL}]\n")
+    other = write(tmp_path / "other.yaml", f"port: 8282\nengines: [{URL}]\n")
+    assert load(tmp_path, {"WHOSETURN_CONFIG": str(other)}).port == 8282
+
+
+def test_no_file_and_no_engines_says_how_to_give_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^engines: .*--engine URL"):
+        load(tmp_path)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read"):
+        load(tmp_path, config_file=str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("port: [1\n", "not valid YAML"), ("- a\n- b\n", "expected a mapping at top level")],
+)
+def test_bad_config_file(tmp_path: Path, text: str, why: str) -> None:
+    config = write(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError, match=rf"c\.yaml: {why}"):
+        load(tmp_path, config_file=str(config))
+
+
+# -- validation: every error names its key ------------------------------------------------
+
+
+def engine(**fields: Any) -> dict[str, Any]:
+    return {"engines": [{"url": URL, **fields}]}
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"engines": [URL], "prot": 80}, r"settings: unknown keys \['prot'\]"),
+        (engine(modles=["x"]), r"engines\[0\]: unknown keys \['modles'\]"),
+        (engine(budget={"initial": 1}), r"engines\[0\]\.budget: unknown keys \['initial'\]"),
+        ({"engines": ["localhost:8000"]}, r"engines\[0\]\.url: expected http\(s\)"),
+        ({"engines": ["ftp://h:1"]}, r"engines\[0\]\.url"),
+        ({"engines": ["http://"]}, r"engines\[0\]\.url"),
+        ({"engines": [{"name": "a"}]}, r"engines\[0\]\.url"),
+        ({"engines": [42]}, r"engines\[0\]: expected a URL or a mapping"),
+        ({"engines": "http://h:1"}, r"engines: expected a list"),
+        ({"engines": []}, r"engines: at least one engine"),
+        (
+            {"engines": [{"url": URL, "name": "a"}, {"url": "http://h:2", "name": "a"}]},
+            r"engines: names must be unique",
+        ),
+        (
+            {"engines": [{"url": URL, "name": "engine-1"}, "http://h:2"]},
+            r"engines: names must be unique",
+        ),
+        (engine(budget={"min_tokens": 0}), r"engines\[0\]\.budget: need 0 < min_tokens"),
+        (engine(budget={"min_tokens": 9000}), r"engines\[0\]\.budget: need"),
+        (engine(budget={"initial_tokens": 70000}), r"engines\[0\]\.budget: need"),
+        (engine(budget=[1, 2]), r"engines\[0\]\.budget: expected a mapping"),
+        (engine(models="tiny"), r"engines\[0\]\.models: expected a list"),
+        (engine(scheduling_policy="lifo"), r"engines\[0\]\.scheduling_policy: expected fcfs"),
+        (engine(max_inflight=0), r"engines\[0\]: max_inflight"),
+        (engine(batch_max_inflight=0), r"engines\[0\]: max_inflight"),
+        (engine(kv_high_watermark=1.5), r"engines\[0\]\.kv_high_watermark"),
+        (engine(kv_high_watermark=0), r"engines\[0\]\.kv_high_watermark"),
+        ({"engines": [URL], "port": 0}, r"^port: expected 1\.\.65535"),
+        ({"engines": [URL], "port": 65536}, r"^port: expected 1\.\.65535"),
+        ({"engines": [URL], "ttft_target_s": 0}, r"^targets: .*ttft_target_s"),
+        ({"engines": [URL], "gap_target_s": -1}, r"^targets: .*gap_target_s"),
+        ({"engines": [URL], "health_interval_s": 0}, r"^intervals: .*health_interval_s"),
+        ({"engines": [URL], "class_override": "yes"}, r"^class_override: expected true"),
+    ],
+)
+def test_validation_names_the_key(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        settings_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"engines": [URL], "port": "http"}, r"^port: expected an integer"),
+        ({"engines": [URL], "port": True}, r"^port: expected an integer"),
+        ({"engines": [URL], "ttft_target_s": "fast"}, r"^ttft_target_s: expected a number"),
+        ({"engines": [URL], "host": 5}, r"^host: expected a string"),
+        (engine(max_inflight="many"), r"engines\[0\]\.max_inflight: expected an integer"),
+        (engine(kv_high_watermark="0.9"), r"engines\[0\]\.kv_high_watermark: expected a num"),
+        (engine(budget={"min_tokens": 1.5}), r"engines\[0\]\.budget\.min_tokens: expected an"),
+    ],
+)
+def test_wrongly_typed_values_name_the_key(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        settings_from_dict(data)
+
+
+def test_integral_float_targets_accepted() -> None:
+    s = settings_from_dict({"engines": [URL], "ttft_target_s": 1, "gap_target_s": 0.05})
+    assert s.ttft_target_s == 1.0
+    assert isinstance(s.ttft_target_s, float)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("WHOSETURN_PORT", "eighty"),
+        ("WHOSETURN_TTFT_TARGET_S", "fast"),
+        ("WHOSETURN_GAP_TARGET_S", ""),
+    ],
+)
+def test_bad_env_value_names_the_variable(tmp_path: Path, var: str, value: str) -> None:
+    env = {"WHOSETURN_ENGINES": URL, var: value}
+    with pytest.raises(ConfigError, match=f"^{var}: cannot read"):
+        load(tmp_path, env)
+
+
+def test_env_value_is_validated_like_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^port:"):
+        load(tmp_path, {"WHOSETURN_ENGINES": URL, "WHOSETURN_PORT": "70000"})
+
+
+def test_config_error_is_a_value_error() -> None:
+    # The CLI turns ValueError into "whoseturn: error: ..." and exit status 2.
+    assert issubclass(ConfigError, ValueError)
