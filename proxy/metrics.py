@@ -33,14 +33,23 @@ QUEUE_BUCKETS = (
 )  # fmt: skip
 
 OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
+BATCH_RECORD_STATUSES = ("valid", "invalid", "failed")
 
 
 class SchedulerCollector(Collector):
     """Turn, budget, in-flight work, queues and engine health, read at scrape time."""
 
-    def __init__(self, scheduler: Scheduler, ttft_targets: dict[TrafficClass, float]) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        ttft_targets: dict[TrafficClass, float],
+        gap_targets: dict[TrafficClass, float],
+        engine_urls: dict[str, str],
+    ) -> None:
         self.scheduler = scheduler
         self.ttft_targets = ttft_targets
+        self.gap_targets = gap_targets
+        self.engine_urls = engine_urls
 
     def collect(self) -> Iterator[Metric]:
         engines = list(self.scheduler.engines.values())
@@ -69,6 +78,10 @@ class SchedulerCollector(Collector):
         up = GaugeMetricFamily(
             "whoseturn_engine_up", "1 if the engine is in service", labels=["engine"]
         )
+        info = GaugeMetricFamily(
+            "whoseturn_engine_info", "The engine's URL, to join with its own metrics",
+            labels=["engine", "url"],
+        )  # fmt: skip
         for e in engines:
             for t in Turn:
                 turn.add_metric([e.name, t.value], 1.0 if e.turn is t else 0.0)
@@ -80,7 +93,8 @@ class SchedulerCollector(Collector):
                 prefill.add_metric([e.name, c.value], e.prefill_tokens(c))
                 decode.add_metric([e.name, c.value], e.decode_streams(c))
             up.add_metric([e.name], 1.0 if e.up else 0.0)
-        yield from (turn, turn_s, held, budget, prefill, decode, up)
+            info.add_metric([e.name, self.engine_urls.get(e.name, "")], 1.0)
+        yield from (turn, turn_s, held, budget, prefill, decode, up, info)
         yield from self._queues()
 
     def _queues(self) -> Iterator[Metric]:
@@ -90,18 +104,29 @@ class SchedulerCollector(Collector):
         target = GaugeMetricFamily(
             "whoseturn_ttft_target_seconds", "Configured TTFT target", labels=["class"]
         )
+        gap = GaugeMetricFamily(
+            "whoseturn_inter_token_target_seconds", "Configured inter-token gap target (p95)",
+            labels=["class"],
+        )  # fmt: skip
         for c in TrafficClass:
             depth.add_metric([c.value], len(self.scheduler.queues[c]))
             if c in self.ttft_targets:
                 target.add_metric([c.value], self.ttft_targets[c])
-        yield depth
-        yield target
+            if c in self.gap_targets:
+                gap.add_metric([c.value], self.gap_targets[c])
+        yield from (depth, target, gap)
 
 
 class ProxyMetrics:
     """Recorders for the request path, on a registry of the app's own."""
 
-    def __init__(self, scheduler: Scheduler, ttft_target_s: float) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        ttft_target_s: float,
+        gap_target_s: float = 0.1,
+        engine_urls: dict[str, str] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         ce = ["class", "engine"]
@@ -137,5 +162,17 @@ class ProxyMetrics:
         self.batch_records = Counter(
             "whoseturn_batch_records", "Batch records by status", ["status"], registry=r
         )
-        targets = {TrafficClass.INTERACTIVE: ttft_target_s}
-        r.register(SchedulerCollector(scheduler, targets))
+        ttft = {TrafficClass.INTERACTIVE: ttft_target_s}
+        gap = {TrafficClass.INTERACTIVE: gap_target_s}
+        r.register(SchedulerCollector(scheduler, ttft, gap, engine_urls or {}))
+        self._create_children(scheduler)
+
+    def _create_children(self, scheduler: Scheduler) -> None:
+        """Counters start at 0 for every known label set, so that ``increase()`` sees
+        the first event too."""
+        for status in BATCH_RECORD_STATUSES:
+            self.batch_records.labels(status)
+        for c in TrafficClass:
+            for engine in scheduler.engines:
+                for outcome in OUTCOMES:
+                    self.requests.labels(c.value, engine, outcome)

@@ -21,6 +21,7 @@ from proxy.admission import Admission
 from proxy.api.errors import install_error_handlers
 from proxy.api.forward import Forwarder
 from proxy.api.inputs import check_api_key
+from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
@@ -88,7 +89,8 @@ async def build_state(
     )
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)
-    metrics = ProxyMetrics(scheduler, settings.ttft_target_s)
+    urls = {c.name: c.url for c in settings.engines}
+    metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
     forwarder = Forwarder(settings, admission, pool, monitor, metrics, clock)
     return ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, forwarder
@@ -152,6 +154,7 @@ def create_app(
     install_error_handlers(app)
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)
+    install_status_route(app)
     return app
 
 

@@ -1,0 +1,345 @@
+"""Fixtures of the Prometheus tier: a real Prometheus scraping the proxy and a
+simulated engine under mixed load.
+
+Everything runs as child processes on loopback ports: ``whoseturn sim`` (time-scaled),
+``whoseturn serve`` in front of it, and Debian's ``prometheus`` (``apt-get install
+prometheus``, which brings ``promtool`` too) with a configuration made from
+``deploy/prometheus/prometheus.yml`` — its job names and rule file, with the test's
+targets and 1-second intervals. A missing binary fails the tests; it never skips
+them. Logs go to ``artifacts/prometheus/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "prometheus"
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+EXAMPLE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+DASHBOARD = ROOT / "dashboards" / "whoseturn.json"
+RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yml"
+
+MODEL = "tiny"
+ENGINE = "engine-a"
+TIME_SCALE = 20.0
+LOAD_S = 6.0
+INTERVAL = "1s"
+
+
+def tool(name: str) -> str:
+    """The path of Debian's ``prometheus`` or ``promtool``; fails the test if absent."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(
+            f"`{name}` is not installed: apt-get install prometheus "
+            "(Debian's package brings prometheus and promtool)",
+            pytrace=False,
+        )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Child:
+    """A child process whose output goes to a log file under ``artifacts/``."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace").splitlines()
+        return f"--- {self.name} log ({self.log}) ---\n" + "\n".join(text[-lines:])
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.name} exited ({self.process.returncode})\n{self.tail()}")
+
+
+@contextmanager
+def child(name: str, command: list[str]) -> Iterator[Child]:
+    """Run ``command`` until the ``with`` body ends: SIGINT, then SIGKILL after 10 s."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log = ARTIFACTS / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            yield Child(name, process, log)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+def wait_until(what: str, ready: Callable[[], bool], timeout: float, *children: Child) -> None:
+    """Poll ``ready()`` every 50 ms; a dead child or the deadline fails with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for c in children:
+            c.check_alive()
+        try:
+            if ready():
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            logs = "\n".join(c.tail() for c in children)
+            raise AssertionError(f"{what} not within {timeout} s\n{logs}")
+        time.sleep(0.05)
+
+
+def answers(url: str, path: str) -> bool:
+    return httpx.get(url + path, timeout=1).status_code == 200
+
+
+# -- the servers --------------------------------------------------------------------
+
+
+@contextmanager
+def run_sim() -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim"]
+    command += ["--profile", "cpu-tiny", "--served-model-name", MODEL]
+    command += ["--port", str(port), "--time-scale", str(TIME_SCALE)]
+    with child("sim", command) as sim:
+        url = f"http://127.0.0.1:{port}"
+        wait_until("whoseturn sim answering /health", lambda: answers(url, "/health"), 30, sim)
+        yield url
+
+
+@contextmanager
+def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
+    """``whoseturn serve`` with a small prefill budget, so batch is held at times."""
+    port = free_port()
+    config = {
+        "port": port,
+        "health_interval_s": 0.2,
+        "scrape_interval_s": 0.2,
+        "engines": [
+            {
+                "url": engine_url,
+                "name": ENGINE,
+                "models": [MODEL],
+                "budget": {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096},
+            }
+        ],
+    }
+    path = workdir / "whoseturn.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "serve"]
+    command += ["--config", str(path)]
+    with child("proxy", command) as proxy:
+        url = f"http://127.0.0.1:{port}"
+        wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
+        yield url
+
+
+def prometheus_config(proxy_url: str, engine_url: str) -> dict[str, Any]:
+    """The example configuration, pointed at the test's servers, scraping every second."""
+    config: dict[str, Any] = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    config["global"].update(
+        scrape_interval=INTERVAL, scrape_timeout=INTERVAL, evaluation_interval=INTERVAL
+    )
+    config["rule_files"] = [str(RULES)]
+    targets = {"whoseturn": proxy_url, "vllm": engine_url}
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == set(targets), f"example scrape jobs changed: {sorted(jobs)}"
+    for name, job in jobs.items():
+        job.update(scrape_interval=INTERVAL, scrape_timeout=INTERVAL)
+        job["static_configs"] = [{"targets": [targets[name].removeprefix("http://")]}]
+    return config
+
+
+@dataclass
+class Prometheus:
+    url: str
+    http: httpx.Client
+
+    def query(self, expr: str) -> dict[str, Any]:
+        """``/api/v1/query`` at now; the whole answer (``status``, ``data``, ``error``)."""
+        response = self.http.get("/api/v1/query", params={"query": expr})
+        body: dict[str, Any] = response.json()
+        return body
+
+    def result(self, expr: str) -> list[dict[str, Any]]:
+        body = self.query(expr)
+        assert body["status"] == "success", f"{expr!r}: {body.get('error')}"
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def label_values(self, metric: str, label: str) -> list[str]:
+        """What Grafana's ``label_values(metric, label)`` offers."""
+        response = self.http.get(f"/api/v1/label/{label}/values", params={"match[]": metric})
+        body = response.json()
+        assert body["status"] == "success", body
+        values: list[str] = body["data"]
+        return values
+
+    def rule_errors(self) -> dict[str, str]:
+        """Rules whose last evaluation failed, with Prometheus's error."""
+        groups = self.http.get("/api/v1/rules").json()["data"]["groups"]
+        return {
+            rule["name"]: rule.get("lastError", "")
+            for group in groups
+            for rule in group["rules"]
+            if rule["health"] != "ok"
+        }
+
+    def wait_for_records(self, names: list[str], timeout: float) -> None:
+        """Until every recorded series in ``names`` has a sample at now."""
+        deadline = time.monotonic() + timeout
+        while missing := [name for name in names if not self.result(name)]:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"recorded series still empty after {timeout} s: {missing}; "
+                    f"rules failing: {self.rule_errors()}"
+                )
+            time.sleep(0.2)
+
+    def targets_up(self) -> bool:
+        active = self.http.get("/api/v1/targets").json()["data"]["activeTargets"]
+        return len(active) == 2 and all(t["health"] == "up" for t in active)
+
+
+@contextmanager
+def run_prometheus(proxy_url: str, engine_url: str, workdir: Path) -> Iterator[Prometheus]:
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(proxy_url, engine_url)))
+    command = [
+        tool("prometheus"),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with child("prometheus", command) as prom, httpx.Client(base_url=url, timeout=5) as http:
+        wait_until("prometheus ready", lambda: answers(url, "/-/ready"), 30, prom)
+        server = Prometheus(url, http)
+        wait_until("both scrape targets up", server.targets_up, 15, prom)
+        yield server
+
+
+# -- the load -------------------------------------------------------------------------
+
+
+def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
+    """Streaming chat requests on /v1, one after another."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": words}],
+                "max_tokens": 24,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200, response.read()
+                for _ in response.iter_lines():
+                    pass
+            stop.wait(0.05)
+
+
+def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
+    """Long-prompt batch requests on /batch/v1, completions and chat in turn."""
+    with httpx.Client(base_url=url, timeout=60) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
+            if n % 2:
+                path = "/batch/v1/completions"
+                body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}
+            else:
+                path = "/batch/v1/chat/completions"
+                messages = [{"role": "user", "content": text}]
+                body = {"model": MODEL, "messages": messages, "max_tokens": 8}
+            response = http.post(path, json=body)
+            assert response.status_code == 200, response.text
+
+
+def drive_mixed_load(url: str, seconds: float) -> None:
+    """Three chat streamers and three batch senders for ``seconds``; re-raises the
+    first error a worker met."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(work: Callable[[str, threading.Event, int], None], seed: int) -> None:
+        try:
+            work(url, stop, seed)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    workers = [threading.Thread(target=run, args=(chat_worker, i)) for i in range(3)]
+    workers += [threading.Thread(target=run, args=(batch_worker, i)) for i in range(3)]
+    for w in workers:
+        w.start()
+    stop.wait(seconds)
+    stop.set()
+    for w in workers:
+        w.join(30)
+    if errors:
+        raise errors[0]
+
+
+def record_names() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["record"] for group in groups for rule in group["rules"] if "record" in rule]
+
+
+@dataclass
+class Live:
+    prometheus: Prometheus
+    proxy_url: str
+    engine_url: str
+    checked: dict[str, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """Prometheus scraping a proxy and a simulated engine that have just served
+    ``LOAD_S`` seconds of mixed chat and batch traffic."""
+    tool("prometheus")  # before starting anything else
+    workdir = tmp_path_factory.mktemp("prometheus")
+    with ExitStack() as stack:
+        engine_url = stack.enter_context(run_sim())
+        proxy_url = stack.enter_context(run_proxy(engine_url, workdir))
+        prometheus = stack.enter_context(run_prometheus(proxy_url, engine_url, workdir))
+        drive_mixed_load(proxy_url, LOAD_S)
+        prometheus.wait_for_records(record_names(), timeout=20)
+        found = Live(prometheus, proxy_url, engine_url, checked={})
+        yield found
+        # What each expression returned, for the CI log reader.
+        (ARTIFACTS / "expressions.json").write_text(json.dumps(found.checked, indent=2))
