@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.scheduler.budget import percentile
 from proxy.scheduler.core import Scheduler
 from proxy.scheduler.engine import EngineState
 from proxy.scheduler.types import HeldReason, Phase, TrafficClass, Turn
@@ -32,8 +33,16 @@ def _queued(scheduler: Scheduler, engine: EngineState, cls: TrafficClass) -> int
     )
 
 
-def _signal(values: float | None, target: float, aim: float, samples: int) -> Json:
-    return {"p95_s": values, "target_s": target, "aim_s": aim * target, "samples": samples}
+def _signal(window: list[float], judged: float | None, target: float, aim: float) -> Json:
+    """A signal of the budget loop: the window's p95, the percentile the loop judged
+    (samples since its last cut; None while too few), and the target it aims under."""
+    return {
+        "p95_s": percentile(window, 0.95) if window else None,
+        "judged_s": judged,
+        "target_s": target,
+        "aim_s": aim * target,
+        "samples": len(window),
+    }
 
 
 def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json:
@@ -62,8 +71,8 @@ def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json
         "decode_streams": {c.value: engine.decode_streams(c) for c in TrafficClass},
         "queued": {c.value: _queued(scheduler, engine, c) for c in TrafficClass},
         "interactive_waiting_first_token": waiting_first,
-        "interactive_ttft": _signal(p_ttft, s.ttft_target_s, s.aim, len(b.ttft.values(now))),
-        "interactive_gap": _signal(p_gap, s.gap_target_s, s.aim, len(b.gaps.values(now))),
+        "interactive_ttft": _signal(b.ttft.values(now), p_ttft, s.ttft_target_s, s.aim),
+        "interactive_gap": _signal(b.gaps.values(now), p_gap, s.gap_target_s, s.aim),
         "engine_load": {
             "kv_usage": engine.load.kv_usage,
             "waiting": engine.load.waiting,
@@ -115,8 +124,12 @@ def sentence(r: Json) -> str:
             f"target {_ms(ttft['target_s'])})"
         )
     elif turn == Turn.BATCH:
+        tokens = r["prefill_tokens"]["batch"]
         streams = r["decode_streams"]["batch"]
-        head = f"batch's turn — {_plural(streams, 'batch stream')} decoding"
+        head = (
+            f"batch's turn — {tokens:,} batch prompt tokens in prefill, "
+            f"{_plural(streams, 'batch stream')} decoding"
+        )
     elif turn == Turn.SATURATED:
         head = "saturated — no headroom for anyone" if r["up"] else "saturated — engine down"
     else:

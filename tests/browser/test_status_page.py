@@ -1,0 +1,421 @@
+"""``GET /status`` in a real headless Chromium.
+
+- Against a real simulated engine and the real proxy (child processes, output in
+  ``artifacts/browser/*.log``): with only batch work running the page says
+  ``batch``; within a second of chat requests being sent it says ``interactive``;
+  afterwards ``batch`` again. A screenshot is kept as ``artifacts/status-page.png``.
+- Against the real :func:`~proxy.api.turn.turn_body` of a scripted scheduler with
+  four engines, served through Playwright's request interception: every engine
+  gets its card with its turn and held reason, and the page says
+  ``reconnecting`` while ``/turn`` is unreachable and recovers after.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from playwright.sync_api import Page, Route
+
+from proxy.admission import Admission
+from proxy.api.status import install_status_route
+from proxy.api.turn import log_body, turn_body
+from proxy.clock import VirtualClock
+from proxy.scheduler import (
+    BudgetSettings,
+    EngineSettings,
+    Job,
+    Scheduler,
+    TrafficClass,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
+
+# cpu-tiny at half real time: ~0.4 ms per prompt token and ~12 ms per decode step.
+# Two ~2,400-token chat prompts keep chat in prefill for about two seconds (many
+# polls of the page), the batch answers (4,000 tokens each) outlast the test, and
+# the proxy relays few enough tokens that a busy 2-core machine keeps up.
+TIME_SCALE = 0.5
+BATCH_REQUESTS = 3
+BATCH_WORDS = 300
+BATCH_MAX_TOKENS = 4000
+CHAT_REQUESTS = 2
+HELD_BATCH_REQUESTS = 2
+CHAT_WORDS = 2400
+SWITCH_WITHIN_S = 1.0
+MODEL = "tiny"
+
+PROXY_OPTIONS: dict[str, Any] = {
+    "scrape_interval_s": 0.1,
+    "health_interval_s": 0.5,
+    "connect_timeout_s": 1.0,
+}
+
+# -- servers: real child processes on loopback ports -------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def child(name: str, args: Sequence[str], logs: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m proxy ARGS`` with its output in ``logs/NAME.log``; on exit,
+    SIGINT, then SIGKILL if it does not stop within 5 s."""
+    command = [sys.executable, "-m", "proxy", "--log-level", "warning", *args]
+    with (logs / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+def wait_ok(url: str, process: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    """Poll ``url`` until it answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited early ({process.returncode}); see artifacts/browser")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} not ready at {url} within {timeout} s")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A simulated engine and the proxy in front of it."""
+
+    sim_url: str
+    proxy_url: str
+    engine: str
+
+
+@contextmanager
+def run_stack(
+    tmp: Path, logs: Path, sim_flags: Sequence[str], proxy_options: dict[str, Any]
+) -> Iterator[Stack]:
+    """``whoseturn sim --profile cpu-tiny SIM_FLAGS``, then ``whoseturn serve`` in
+    front of it (engine ``engine-0``); yields once both are ready."""
+    sim_port, proxy_port = free_port(), free_port()
+    sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
+    engine = {"url": sim_url, "name": "engine-0", "models": [MODEL]}
+    config = {"host": "127.0.0.1", "port": proxy_port, **proxy_options, "engines": [engine]}
+    config_file = tmp / "whoseturn.yaml"
+    config_file.write_text(json.dumps(config))  # JSON is YAML
+    sim_args = ["sim", "--profile", "cpu-tiny", "--served-model-name", MODEL]
+    with ExitStack() as stack:
+        sim = stack.enter_context(
+            child("sim", [*sim_args, "--port", str(sim_port), *sim_flags], logs)
+        )
+        wait_ok(f"{sim_url}/health", sim, "whoseturn sim")
+        proxy = stack.enter_context(child("proxy", ["serve", "--config", str(config_file)], logs))
+        wait_ok(f"{proxy_url}/readyz", proxy, "whoseturn serve")
+        yield Stack(sim_url=sim_url, proxy_url=proxy_url, engine="engine-0")
+
+
+# -- the scenario ---------------------------------------------------------------
+
+WORDS = "river stone amber cloud maple harbor lantern meadow copper violet".split()
+
+
+def text(tag: str, n: int) -> str:
+    """``n`` words, led by ``tag`` so that no two prompts share a cached prefix."""
+    return " ".join([tag, *(WORDS[i % len(WORDS)] for i in range(n))])
+
+
+def turn_of(page: Page, engine: str) -> str | None:
+    value: str | None = page.eval_on_selector(
+        f'[data-engine="{engine}"] .turn', "el => el.dataset.turn"
+    )
+    return value
+
+
+def wait_turn(page: Page, engine: str, turn: str, timeout_s: float) -> None:
+    page.wait_for_function(
+        '([engine, turn]) => document.querySelector(`[data-engine="${engine}"] .turn`)'
+        "?.dataset.turn === turn",
+        arg=[engine, turn],
+        timeout=timeout_s * 1000,
+    )
+
+
+class Traffic:
+    """Streaming requests to the proxy, each in its own thread with its own client.
+
+    A request may wait for ``gate`` after its connection is open, so that a group
+    of them is sent at one known moment. Errors are collected, never raised in the
+    threads; :meth:`close` hangs up the streams still open.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, path: str, body: dict[str, Any], gate: threading.Event | None = None) -> None:
+        thread = threading.Thread(target=self._run, args=(path, body, gate), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _run(self, path: str, body: dict[str, Any], gate: threading.Event | None) -> None:
+        timeout = httpx.Timeout(60, connect=5)
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=timeout) as client:
+                client.get("/healthz").raise_for_status()  # open the connection now
+                if gate is not None:
+                    gate.wait(30)
+                with client.stream("POST", path, json={**body, "stream": True}) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        self.errors.append(f"{path}: {response.status_code} {response.text}")
+                        return
+                    for _ in response.iter_lines():
+                        if self.stop.is_set():
+                            return
+        except httpx.HTTPError as exc:
+            if not self.stop.is_set():
+                self.errors.append(f"{path}: {exc!r}")
+
+    def join(self, threads: list[threading.Thread], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(self.threads, 5)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, artifacts: Path) -> Iterator[Stack]:
+    with run_stack(
+        tmp_path, artifacts / "browser", ["--time-scale", str(TIME_SCALE)], PROXY_OPTIONS
+    ) as s:
+        yield s
+
+
+def proxy_turn(stack: Stack) -> dict[str, Any]:
+    engines: list[dict[str, Any]] = httpx.get(f"{stack.proxy_url}/turn", timeout=5).json()[
+        "engines"
+    ]
+    return engines[0]
+
+
+class TurnWatch(threading.Thread):
+    """Poll the proxy's ``/turn`` until its first engine is on ``turn``; ``seconds``
+    is how long after ``since`` that was seen (for the report of a slow switch)."""
+
+    def __init__(self, stack: Stack, turn: str, since: float) -> None:
+        super().__init__(daemon=True)
+        self.stack, self.turn, self.since = stack, turn, since
+        self.seconds = float("nan")
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.stack.proxy_url, timeout=5) as client:
+            while time.monotonic() - self.since < 5:
+                if client.get("/turn").json()["engines"][0]["turn"] == self.turn:
+                    self.seconds = time.monotonic() - self.since
+                    return
+                time.sleep(0.05)
+
+
+def watch_turn(stack: Stack, turn: str, since: float) -> TurnWatch:
+    watch = TurnWatch(stack, turn, since)
+    watch.start()
+    return watch
+
+
+def test_status_page_switches_from_batch_to_interactive(
+    page: Page, stack: Stack, artifacts: Path
+) -> None:
+    engine = stack.engine
+    page.goto(f"{stack.proxy_url}/status")
+    wait_turn(page, engine, "idle", 5)
+    assert page.get_attribute("#connection", "data-state") == "live"
+
+    traffic = Traffic(stack.proxy_url)
+    try:
+        for i in range(BATCH_REQUESTS):
+            batch = {"model": MODEL, "prompt": text(f"batch{i}", BATCH_WORDS)}
+            traffic.start("/batch/v1/completions", {**batch, "max_tokens": BATCH_MAX_TOKENS})
+        wait_turn(page, engine, "batch", 5)
+        # Only batch work, all of it past prefill and decoding: still batch's turn.
+        deadline = time.monotonic() + 10
+        while proxy_turn(stack)["decode_streams"]["batch"] < BATCH_REQUESTS:
+            assert time.monotonic() < deadline, f"batch never all decoding: {proxy_turn(stack)}"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert turn_of(page, engine) == "batch"
+        assert not traffic.errors, traffic.errors
+
+        gate = threading.Event()
+        chats = len(traffic.threads)
+        for i in range(CHAT_REQUESTS):
+            content = text(f"chat{i}", CHAT_WORDS)
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+            traffic.start("/v1/chat/completions", {**chat, "max_tokens": 8}, gate)
+        time.sleep(0.3)  # every chat thread has its connection open and waits
+        sent = time.monotonic()
+        gate.set()
+        proxy_switch = watch_turn(stack, "interactive", sent)
+        wait_turn(page, engine, "interactive", 5)
+        switched_s = time.monotonic() - sent
+        proxy_switch.join(5)
+        timing = (
+            f"status page showed interactive {switched_s * 1000:.0f} ms after the chats were "
+            f"sent; /turn said so after {proxy_switch.seconds * 1000:.0f} ms"
+        )
+        print(timing)
+        assert switched_s < SWITCH_WITHIN_S, timing
+        assert page.get_attribute(f'[data-engine="{engine}"]', "data-turn") == "interactive"
+
+        # Batch arriving now waits in the proxy while chat is in prefill.
+        for i in range(HELD_BATCH_REQUESTS):
+            batch = {"model": MODEL, "prompt": text(f"late{i}", BATCH_WORDS)}
+            traffic.start("/batch/v1/completions", {**batch, "max_tokens": BATCH_MAX_TOKENS})
+        page.wait_for_selector(
+            f'[data-engine="{engine}"] .held[data-reason="interactive_waiting"]', timeout=1500
+        )
+        page.screenshot(path=str(artifacts / "status-page.png"), full_page=True)
+
+        chat_threads = traffic.threads[chats : chats + CHAT_REQUESTS]
+        traffic.join(chat_threads, 20)
+        assert not any(t.is_alive() for t in chat_threads), "chats never finished"
+        wait_turn(page, engine, "batch", 5)
+        assert not traffic.errors, traffic.errors
+    except BaseException:
+        page.screenshot(path=str(artifacts / "status-page-failed.png"), full_page=True)
+        raise
+    finally:
+        traffic.close()
+
+
+# -- any number of engines, and an unreachable proxy ------------------------------
+
+
+def scripted_scheduler() -> tuple[Scheduler, VirtualClock]:
+    """Four engines, one model each: ``a`` interactive (batch held while chat waits),
+    ``b`` batch (held by the prefill budget), ``c`` down, ``d`` idle."""
+    clock = VirtualClock(1000.0)
+    budget = BudgetSettings(initial_tokens=4096, min_tokens=512, max_tokens=65536)
+    engines = [
+        EngineSettings(name=f"engine-{n}", models=frozenset({n}), budget=budget) for n in "abcd"
+    ]
+    scheduler = Scheduler(engines, clock)
+    ids = iter(range(1000))
+
+    def submit(model: str, cls: TrafficClass, tokens: int) -> str:
+        job_id = f"{cls.value}-{next(ids)}"
+        scheduler.submit(
+            Job(id=job_id, cls=cls, model=model, prompt_tokens=tokens, arrival=clock.now())
+        )
+        return job_id
+
+    decoding = submit("a", TrafficClass.BATCH, 3000)
+    for _ in range(3):
+        submit("b", TrafficClass.BATCH, 3000)
+    scheduler.dispatch()
+    clock.advance(0.5)
+    scheduler.on_first_token(decoding)
+    for _ in range(8):  # chat answers on engine-a, for TTFT samples
+        chat = submit("a", TrafficClass.INTERACTIVE, 400)
+        scheduler.dispatch()
+        clock.advance(0.12)
+        scheduler.on_first_token(chat)
+        scheduler.on_token_gap(chat, 0.03)
+        scheduler.on_finished(chat)
+    submit("a", TrafficClass.INTERACTIVE, 1500)
+    submit("a", TrafficClass.BATCH, 3000)
+    submit("c", TrafficClass.BATCH, 100)
+    scheduler.set_engine_up("engine-c", False)
+    scheduler.dispatch()
+    clock.advance(0.2)
+    return scheduler, clock
+
+
+def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
+    scheduler, clock = scripted_scheduler()
+    admission = Admission(scheduler)
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+    offline = threading.Event()
+    strays: list[str] = []
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == route.request.url:
+            strays.append(path)  # the page is self-contained: nothing from elsewhere
+            route.abort("blockedbyclient")
+        elif path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif offline.is_set():
+            route.abort("connectionrefused")
+        elif path.startswith("/turn/log"):
+            route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn"):
+            route.fulfill(json=turn_body(admission))
+        else:
+            strays.append(path)
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    expected = {
+        "engine-a": ("interactive", "interactive_waiting"),
+        "engine-b": ("batch", "prefill_budget"),
+        "engine-c": ("saturated", "engine_unhealthy"),
+        "engine-d": ("idle", ""),
+    }
+    for name, (turn, _) in expected.items():
+        wait_turn(page, name, turn, 5)
+    cards = page.eval_on_selector_all(
+        "[data-engine]",
+        "els => els.map(el => [el.dataset.engine, el.querySelector('.turn').dataset.turn,"
+        " el.querySelector('.held').dataset.reason])",
+    )
+    assert {c[0]: (c[1], c[2]) for c in cards} == expected
+    assert "by the prefill budget" in page.inner_text('[data-engine="engine-b"] .held')
+    assert page.inner_text('[data-engine="engine-c"] .health') == "down"
+    page.wait_for_selector("#log tbody tr")
+
+    offline.set()
+    page.wait_for_selector('#connection[data-state="reconnecting"]', timeout=3000)
+    assert page.inner_text("#connection") == "reconnecting…"
+    assert page.locator("[data-engine]").count() == 4  # the last state stays in view
+
+    job = next(j for j in scheduler.jobs.values() if j.cls is TrafficClass.INTERACTIVE)
+    clock.advance(0.3)
+    scheduler.on_first_token(job.id)  # engine-a's chat is answered meanwhile
+    offline.clear()
+    page.wait_for_selector('#connection[data-state="live"]', timeout=5000)
+    wait_turn(page, "engine-a", "batch", 3)
+    assert not strays, strays
