@@ -1,8 +1,9 @@
 """A simulated engine on a real loopback socket, and helpers to read its /metrics.
 
 :func:`run_server` starts :func:`proxy.sim.server.create_sim_app` under uvicorn in a
-background thread on a free port and stops it on exit. Tests talk to it over HTTP
-only, with httpx or the official ``openai`` client.
+background thread on a free port and stops it on exit; :func:`serve_app` does the
+same for any ASGI app (the proxy's tests use it). Tests talk to the servers over
+HTTP only, with httpx or the official ``openai`` client.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -49,14 +51,15 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
 
 
 @dataclass
-class SimServer:
+class Served:
+    """A server on a loopback port, with a client for it and its /metrics."""
+
     base_url: str
     port: int
-    settings: SimSettings
     http: httpx.Client
 
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0)
+    def openai(self, **options: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **options)
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         response = self.http.get("/metrics")
@@ -81,17 +84,20 @@ class SimServer:
         return time.monotonic() - start
 
 
+@dataclass
+class SimServer(Served):
+    settings: SimSettings
+
+
 @contextmanager
-def run_server(settings: SimSettings) -> Iterator[SimServer]:
-    """Serve the simulated engine on a free loopback port for the ``with`` body."""
+def serve_app(app: Any, what: str = "the server") -> Iterator[tuple[str, int]]:
+    """Serve the ASGI ``app`` on a free loopback port; yields its base URL and port."""
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
     # TCP, and without it every keep-alive response waits ~40 ms for a delayed ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_sim_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
-    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -100,11 +106,20 @@ def run_server(settings: SimSettings) -> Iterator[SimServer]:
         deadline = time.monotonic() + 10
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the simulated engine did not start")
+                raise RuntimeError(f"{what} did not start")
             time.sleep(0.01)
-        with httpx.Client(base_url=base_url, timeout=10) as http:
-            yield SimServer(base_url, port, settings, http)
+        yield base_url, port
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@contextmanager
+def run_server(settings: SimSettings) -> Iterator[SimServer]:
+    """Serve the simulated engine on a free loopback port for the ``with`` body."""
+    with (
+        serve_app(create_sim_app(settings), "the simulated engine") as (base_url, port),
+        httpx.Client(base_url=base_url, timeout=10) as http,
+    ):
+        yield SimServer(base_url=base_url, port=port, http=http, settings=settings)

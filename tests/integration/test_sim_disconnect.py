@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import anyio.lowlevel
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 # Real time, so that the engine is doing nothing but the request under test.
 LONG = {"max_tokens": 1500}
 ABORT_WITHIN_S = 0.1
+TRIES = 3
 
 
 @pytest.fixture
@@ -46,11 +47,23 @@ def post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
     return sock
 
 
-def assert_aborted_quickly(sim: SimServer, closed_at: float) -> None:
-    sim.wait_for(lambda: running(sim) == 0, timeout=2)
-    assert time.monotonic() - closed_at < ABORT_WITHIN_S
+def assert_aborts_quickly(sim: SimServer, leave: Callable[[], float]) -> None:
+    """``leave()`` starts a request, hangs up while the engine runs it, and returns
+    when it hung up; the engine must drop it within ``ABORT_WITHIN_S``.
+
+    Tried up to ``TRIES`` times: on two shared cores the bound is missed now and
+    then from CPU starvation alone, while an abort that is missing or waits for
+    something (the next token, a timeout) misses it every time.
+    """
+    latencies: list[float] = []
+    while len(latencies) < TRIES and (not latencies or latencies[-1] >= ABORT_WITHIN_S):
+        closed_at = leave()
+        sim.wait_for(lambda: running(sim) == 0, timeout=2)
+        latencies.append(time.monotonic() - closed_at)
+    shown = ", ".join(f"{t * 1000:.0f}" for t in latencies)
+    assert latencies[-1] < ABORT_WITHIN_S, f"the engine kept the request {shown} ms"
     assert sim.metric("vllm:num_requests_waiting") == 0
-    assert sim.metric("vllm:request_success_total", finished_reason="abort") == 1
+    assert sim.metric("vllm:request_success_total", finished_reason="abort") == len(latencies)
     assert sim.metric("vllm:kv_cache_usage_perc") == 0
 
 
@@ -64,26 +77,30 @@ TEXT = {"prompt": "tell me everything"}
 def test_closing_a_stream_aborts_the_request(
     slow_sim: SimServer, path: str, body: dict[str, object]
 ) -> None:
-    with httpx.Client(base_url=slow_sim.base_url, timeout=10) as client:
-        with client.stream("POST", path, json={**body, **LONG, "stream": True}) as response:
-            events = (line for line in response.iter_lines() if line.startswith("data: "))
-            for _ in range(3):
-                next(events)
-            assert running(slow_sim) == 1
-        closed_at = time.monotonic()
-    assert_aborted_quickly(slow_sim, closed_at)
+    def leave() -> float:
+        with httpx.Client(base_url=slow_sim.base_url, timeout=10) as client:
+            with client.stream("POST", path, json={**body, **LONG, "stream": True}) as response:
+                events = (line for line in response.iter_lines() if line.startswith("data: "))
+                for _ in range(3):
+                    next(events)
+                assert running(slow_sim) == 1
+            return time.monotonic()
+
+    assert_aborts_quickly(slow_sim, leave)
 
 
 def test_hanging_up_on_a_whole_answer_aborts_the_request(slow_sim: SimServer) -> None:
-    sock = post_raw(slow_sim.port, "/v1/chat/completions", {**CHAT, **LONG})
-    try:
-        slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
-        time.sleep(0.05)
-        assert running(slow_sim) == 1
-    finally:
-        sock.close()
-    closed_at = time.monotonic()
-    assert_aborted_quickly(slow_sim, closed_at)
+    def leave() -> float:
+        sock = post_raw(slow_sim.port, "/v1/chat/completions", {**CHAT, **LONG})
+        try:
+            slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+            time.sleep(0.05)
+            assert running(slow_sim) == 1
+        finally:
+            sock.close()
+        return time.monotonic()
+
+    assert_aborts_quickly(slow_sim, leave)
 
 
 def test_hanging_up_while_queued_aborts_the_waiting_request(slow_sim: SimServer) -> None:

@@ -1,0 +1,122 @@
+"""Issue #3 over HTTP: chat beside a burst of long batch prompts, direct and proxied.
+
+One ``whoseturn sim`` (cpu-tiny, ten times real time) per arm. Arm A: every client
+talks to the engine directly, so the chat requests queue FCFS behind eight
+5,300-token prompts (the shape measured on real vLLM in DESIGN.md). Arm B: the
+same clients through ``whoseturn serve`` with its defaults, batch on ``/batch/v1``,
+chat on ``/v1``. Engine, proxy and clients are separate processes. Run with ``-s``
+to see the numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from .proxyserver import spawn_proxy, spawn_sim
+from .simserver import MODEL
+
+pytestmark = pytest.mark.integration
+
+TIME_SCALE = 10.0
+BATCH_PROMPTS = 8
+BATCH_PROMPT_TOKENS = 5300
+BATCH_MAX_TOKENS = 20
+CHAT_AT_S = (0.10, 0.20, 0.30, 0.40)  # after the batch burst, real seconds
+CHAT_MAX_TOKENS = 8
+
+
+@dataclass
+class Arm:
+    chat_ttft_s: list[float] = field(default_factory=list)
+    batch_done_s: list[float] = field(default_factory=list)
+    classes: set[str] = field(default_factory=set)
+
+    @property
+    def ttft_p50(self) -> float:
+        return statistics.median(self.chat_ttft_s)
+
+    @property
+    def batch_makespan(self) -> float:
+        return max(self.batch_done_s)
+
+
+def batch_prompt(n: int) -> str:
+    """Words of their own per prompt (one token each), so no prefix is shared."""
+    return " ".join(f"r{n}w{i}" for i in range(BATCH_PROMPT_TOKENS))
+
+
+async def one_batch(client: httpx.AsyncClient, path: str, n: int, start: float, arm: Arm) -> None:
+    body = {"model": MODEL, "prompt": batch_prompt(n), "max_tokens": BATCH_MAX_TOKENS}
+    response = await client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == BATCH_MAX_TOKENS
+    arm.batch_done_s.append(time.monotonic() - start)
+    arm.classes.add(response.headers.get("x-whoseturn-class", "direct"))
+
+
+async def one_chat(client: httpx.AsyncClient, n: int, start: float, arm: Arm) -> None:
+    await asyncio.sleep(start + CHAT_AT_S[n] - time.monotonic())
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Quick question number {n}?"}],
+        "max_tokens": CHAT_MAX_TOKENS,
+        "stream": True,
+    }
+    sent = time.monotonic()
+    first: float | None = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if first is None and '"content":"' in line and '"content":""' not in line:
+                first = time.monotonic()
+    assert first is not None, "no content arrived"
+    arm.chat_ttft_s.append(first - sent)
+
+
+async def run_arm(base_url: str, batch_path: str) -> Arm:
+    arm = Arm()
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits) as client:
+        start = time.monotonic()
+        async with asyncio.TaskGroup() as group:
+            for n in range(BATCH_PROMPTS):
+                group.create_task(one_batch(client, batch_path, n, start, arm))
+            for n in range(len(CHAT_AT_S)):
+                group.create_task(one_chat(client, n, start, arm))
+    return arm
+
+
+def report(name: str, arm: Arm) -> None:
+    ttfts = ", ".join(f"{t * 1000:.0f}" for t in sorted(arm.chat_ttft_s))
+    print(
+        f"{name}: chat TTFT p50 {arm.ttft_p50 * 1000:.0f} ms (all: {ttfts} ms); "
+        f"batch makespan {arm.batch_makespan * 1000:.0f} ms"
+    )
+
+
+def test_chat_ttft_behind_a_batch_burst_direct_vs_proxied() -> None:
+    with spawn_sim(time_scale=TIME_SCALE) as sim:
+        direct = asyncio.run(run_arm(sim.base_url, "/v1/completions"))
+    with spawn_sim(time_scale=TIME_SCALE) as sim, spawn_proxy(sim.base_url) as px:
+        proxied = asyncio.run(run_arm(px.base_url, "/batch/v1/completions"))
+        held = px.metric("whoseturn_batch_held_seconds_total")
+    print()
+    report("direct ", direct)
+    report("proxied", proxied)
+    speedup = direct.ttft_p50 / proxied.ttft_p50
+    slowdown = proxied.batch_makespan / direct.batch_makespan
+    print(
+        f"chat TTFT p50 {speedup:.1f}x lower through the proxy; batch makespan x{slowdown:.2f}; "
+        f"batch held {held:.2f} s in all"
+    )
+
+    assert len(direct.batch_done_s) == len(proxied.batch_done_s) == BATCH_PROMPTS
+    assert proxied.classes == {"batch"}
+    assert speedup >= 3.0
+    assert slowdown <= 1.5
