@@ -1,0 +1,289 @@
+"""The prefill budget's feedback loop (AIMD) and its percentile, at virtual time."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.scheduler import BudgetController, BudgetSettings, EngineLoad
+from proxy.scheduler.budget import percentile
+
+from .helpers import B, I, engine, make, submit
+
+SETTINGS = BudgetSettings(
+    initial_tokens=8000,
+    min_tokens=1000,
+    max_tokens=10_000,
+    ttft_target_s=1.0,
+    gap_target_s=0.1,
+    aim=0.8,
+    percentile=0.95,
+    window_s=30.0,
+    interval_s=1.0,
+    min_samples=5,
+    decrease=0.5,
+    increase_tokens=500,
+)
+
+
+def controller(**overrides: object) -> BudgetController:
+    fields = {**SETTINGS.__dict__, **overrides}
+    return BudgetController(BudgetSettings(**fields), 0.0)
+
+
+def ttfts(c: BudgetController, t: float, *values: float) -> None:
+    for v in values:
+        c.observe_ttft(t, v)
+
+
+# -- percentile ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([5.0], 0.95, 5.0),
+        ([3.0, 1.0, 2.0], 0.5, 2.0),
+        ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),  # nearest rank: ceil(0.5 * 4) = 2nd
+        ([1.0, 2.0, 3.0, 4.0], 0.51, 3.0),
+        (list(map(float, range(1, 21))), 0.95, 19.0),
+        (list(map(float, range(1, 101))), 0.95, 95.0),
+        (list(map(float, range(1, 101))), 0.99, 99.0),
+        (list(map(float, range(1, 101))), 1.0, 100.0),
+        ([4.0, 1.0], 0.01, 1.0),
+        (list(map(float, range(1, 101))), 0.07, 7.0),
+    ],
+)
+def test_percentile_is_the_nearest_rank(values: list[float], q: float, expected: float) -> None:
+    assert percentile(values, q) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=300),
+    hundredths=st.integers(1, 100),
+)
+def test_percentile_matches_an_exact_nearest_rank(values: list[float], hundredths: int) -> None:
+    q = hundredths / 100
+    rank = math.ceil(Fraction(hundredths, 100) * len(values))
+    assert percentile(values, q) == sorted(values)[rank - 1]
+
+
+# -- the loop --------------------------------------------------------------------
+
+
+def test_a_missed_ttft_aim_halves_the_budget_once_an_interval_has_passed() -> None:
+    c = controller()
+    ttfts(c, 0.5, *[0.9] * 5)  # above aim x target = 0.8, below the target itself
+    assert c.update(0.9, batch_waiting=True) == 8000  # less than an interval
+    assert c.update(1.0, batch_waiting=True) == 4000
+    assert c.history[-1] == (1.0, 4000)
+
+
+def test_a_missed_gap_aim_cuts_as_well() -> None:
+    c = controller()
+    ttfts(c, 0.5, *[0.1] * 5)
+    for _ in range(5):
+        c.observe_gap(0.5, 0.09)  # above 0.8 x 0.1
+    assert c.update(1.0, batch_waiting=False) == 4000
+
+
+def test_the_percentile_not_the_mean_is_judged() -> None:
+    c = controller()
+    ttfts(c, 0.5, *[0.1] * 18, 5.0)  # 1 bad sample in 19: p95 is the 19th... bad
+    assert c.update(1.0, batch_waiting=False) == 4000
+    c = controller()
+    ttfts(c, 0.5, *[0.1] * 19, 5.0)  # 1 bad in 20: p95 is the 19th, fine
+    assert c.update(1.0, batch_waiting=False) == 8000
+
+
+def test_one_burst_costs_one_cut() -> None:
+    c = controller()
+    ttfts(c, 0.5, *[3.0] * 10)
+    assert c.update(1.0, batch_waiting=False) == 4000
+    for t in (2.0, 3.0, 10.0):  # the burst is still in the window, but judged already
+        assert c.update(t, batch_waiting=False) == 4000
+    ttfts(c, 10.5, *[3.0] * 4)  # fresh, but fewer than min_samples
+    assert c.update(11.0, batch_waiting=False) == 4000
+    ttfts(c, 11.5, 3.0)
+    assert c.update(12.0, batch_waiting=False) == 2000
+    assert [b for _, b in c.history] == [8000, 4000, 2000]
+
+
+def test_samples_seen_at_the_instant_of_a_cut_are_judged_once() -> None:
+    """In virtual time many first tokens share one instant; the cut they cause must
+    not be repeated by the same samples on the next interval."""
+    c = controller()
+    ttfts(c, 1.0, *[3.0] * 5)
+    assert c.update(1.0, batch_waiting=False) == 4000
+    assert c.update(2.0, batch_waiting=False) == 4000
+    # samples that arrive at that same instant, after the cut, are fresh ones
+    ttfts(c, 2.0, *[3.0] * 5)
+    assert c.update(3.0, batch_waiting=False) == 2000
+
+
+def test_through_the_scheduler_the_sample_that_triggers_a_cut_is_not_judged_again() -> None:
+    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+    chats = [submit(s, I, 100) for _ in range(2)]
+    s.dispatch()
+    clock.advance(2.0)
+    s.on_first_token(chats[0].id)  # TTFT 2 s > 0.8 s: cut at once
+    assert s.engines["e"].budget.tokens == 4000
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 4000
+
+
+def test_no_change_without_enough_samples_except_growth() -> None:
+    c = controller()
+    ttfts(c, 0.5, *[9.0] * 4)
+    assert c.update(1.0, batch_waiting=False) == 8000
+    assert c.update(2.0, batch_waiting=True) == 8500
+
+
+def test_growth_is_additive_only_while_batch_waits_and_is_capped() -> None:
+    c = controller()
+    assert c.update(1.0, batch_waiting=False) == 8000
+    assert c.update(2.0, batch_waiting=True) == 8500
+    assert c.update(2.5, batch_waiting=True) == 8500  # once per interval
+    ttfts(c, 2.6, *[0.2] * 10)  # well within the aim
+    assert c.update(3.0, batch_waiting=True) == 9000
+    for t in range(4, 20):
+        c.update(float(t), batch_waiting=True)
+    assert c.tokens == 10_000
+
+
+def test_cuts_stop_at_the_floor() -> None:
+    c = controller()
+    for t in range(1, 10):
+        ttfts(c, t - 0.5, *[9.0] * 5)
+        c.update(float(t), batch_waiting=True)
+    assert c.tokens == 1000
+    assert [b for _, b in c.history] == [8000, 4000, 2000, 1000]
+
+
+def test_old_samples_leave_the_window() -> None:
+    c = controller(window_s=5.0)
+    ttfts(c, 0.0, *[9.0] * 5)
+    assert c.signal(4.0)[0] == 9.0
+    assert c.update(6.0, batch_waiting=False) == 8000  # older than the window
+    assert c.signal(6.0) == (None, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.floats(0.0, 3.0),  # clock advance
+            st.lists(st.floats(0.0, 5.0), max_size=8),  # TTFT samples
+            st.lists(st.floats(0.0, 0.5), max_size=8),  # gap samples
+            st.booleans(),  # batch waiting
+        ),
+        max_size=60,
+    ),
+    min_tokens=st.integers(1, 4000),
+    span=st.integers(0, 20_000),
+)
+def test_the_budget_moves_only_as_documented(
+    events: list[tuple[float, list[float], list[float], bool]], min_tokens: int, span: int
+) -> None:
+    s = BudgetSettings(
+        initial_tokens=min_tokens + span // 2,
+        min_tokens=min_tokens,
+        max_tokens=min_tokens + span,
+        ttft_target_s=1.0,
+        gap_target_s=0.1,
+        min_samples=3,
+        window_s=10.0,
+    )
+    c, now, last_run = BudgetController(s, 0.0), 0.0, 0.0
+    for dt, ttft, gaps, waiting in events:
+        now += dt
+        for v in ttft:
+            c.observe_ttft(now, v)
+        for v in gaps:
+            c.observe_gap(now, v)
+        before, signal = c.tokens, c.signal(now)
+        after = c.update(now, batch_waiting=waiting)
+        assert s.min_tokens <= after <= s.max_tokens
+        if now - last_run < s.interval_s:
+            assert after == before
+            continue
+        last_run = now
+        p_ttft, p_gap = signal
+        over = (p_ttft or 0) > s.aim * s.ttft_target_s or (p_gap or 0) > s.aim * s.gap_target_s
+        if over:
+            assert after == max(s.min_tokens, int(before * s.decrease))
+        elif waiting:
+            assert after == min(s.max_tokens, before + s.increase_tokens)
+        else:
+            assert after == before
+
+
+def test_settings_are_checked() -> None:
+    for bad in (
+        {"min_tokens": 0},
+        {"initial_tokens": 100, "min_tokens": 200},
+        {"initial_tokens": 100_000},
+        {"decrease": 1.0},
+        {"aim": 0.0},
+        {"percentile": 1.5},
+        {"ttft_target_s": 0.0},
+    ):
+        with pytest.raises(ValueError):
+            BudgetSettings(**bad)
+
+
+# -- the loop inside the scheduler -------------------------------------------------
+
+
+def test_slow_first_tokens_cut_the_engines_budget_and_only_that_engines() -> None:
+    budget = {**SETTINGS.__dict__, "min_samples": 2}
+    s, clock = make(engine("a", budget=budget), engine("b", budget=budget))
+    chats = [submit(s, I, 100, affinity="x") for _ in range(3)]
+    assert {d.engine for d in s.dispatch()} == {"a"}  # one conversation
+    clock.advance(0.5)
+    s.on_first_token(chats[0].id)
+    clock.advance(0.5)  # an interval passes; TTFTs of 0.5 and 1.0 s: p95 1.0 > 0.8
+    s.on_first_token(chats[1].id)
+    assert s.engines["a"].budget.tokens == 4000
+    assert s.engines["b"].budget.tokens == 8000
+
+
+def test_batch_gaps_do_not_count_and_interactive_gaps_do() -> None:
+    budget = {**SETTINGS.__dict__, "min_samples": 1}
+    s, clock = make(engine("e", budget=budget))
+    doc = submit(s, B, 100)
+    s.dispatch()
+    s.on_first_token(doc.id)
+    s.on_token_gap(doc.id, 5.0)
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 8000
+    chat = submit(s, I, 10)
+    s.dispatch()
+    s.on_first_token(chat.id)
+    s.on_token_gap(chat.id, 5.0)
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 4000
+
+
+def test_the_budget_grows_while_batch_waits_on_it() -> None:
+    s, clock = make(engine("e", budget={**SETTINGS.__dict__, "initial_tokens": 1000}))
+    submit(s, B, 900)
+    submit(s, B, 900)
+    s.dispatch()
+    assert s.engines["e"].held_reason == "prefill_budget"
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 1500
+    s.observe_load("e", EngineLoad(kv_usage=0.95))  # now held for KV, not the budget
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].held_reason == "kv_headroom"
+    assert s.engines["e"].budget.tokens == 1500  # not waiting on the budget: no growth
