@@ -153,11 +153,6 @@ def _engine(data: Any, index: int) -> EngineConfig:
         where,
         "max_inflight and batch_max_inflight must be at least 1",
     )
-    _check(
-        cfg.batch_max_inflight < cfg.max_inflight,
-        f"{where}.batch_max_inflight",
-        "must be below max_inflight, so that batch can never take every slot from chat",
-    )
     _check(0 < cfg.kv_high_watermark <= 1, f"{where}.kv_high_watermark", "expected (0, 1]")
     return cfg
 
