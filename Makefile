@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help test lint check interference evaluate sim system-deps clean
+.PHONY: help test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
 # headless Chromium (status page).
@@ -18,6 +18,7 @@ help:
 	@echo "make test          bootstrap .venv (and Debian's prometheus, chromium) and run the tests"
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
+	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +37,38 @@ test: $(STAMP) system-deps
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check proxy loadtests tests
-	$(BIN)/ruff format --check proxy loadtests tests
+	$(BIN)/ruff check proxy loadtests tests e2e
+	$(BIN)/ruff format --check proxy loadtests tests e2e
 	$(BIN)/mypy
 
 check: lint test
+
+# The real-vLLM tier (tests/e2e). vLLM lives in its own venv, apart from the proxy's;
+# the model is built once, deterministically, and rebuilt when its script changes.
+VLLM_VENV   := .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+MODEL_DIR   := .cache/tiny-model
+MODEL_STAMP := $(MODEL_DIR)/.built-$(shell sha256sum e2e/build_tiny_model.py 2>/dev/null | cut -c1-16)
+
+$(VLLM_STAMP): e2e/requirements.txt
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet -r e2e/requirements.txt
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+$(MODEL_STAMP): | $(VLLM_STAMP)
+	rm -rf $(MODEL_DIR)
+	$(VLLM_VENV)/bin/python e2e/build_tiny_model.py $(MODEL_DIR)
+	touch $@
+
+vllm-venv: $(VLLM_STAMP)
+
+tiny-model: $(MODEL_STAMP)
+
+test-e2e: $(STAMP) $(MODEL_STAMP)
+	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
+	  $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
 
 interference: $(STAMP)
 	$(BIN)/whoseturn sim interference

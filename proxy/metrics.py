@@ -174,5 +174,7 @@ class ProxyMetrics:
             self.batch_records.labels(status)
         for c in TrafficClass:
             for engine in scheduler.engines:
+                self.prompt_tokens.labels(c.value, engine)
+                self.completion_tokens.labels(c.value, engine)
                 for outcome in OUTCOMES:
                     self.requests.labels(c.value, engine, outcome)

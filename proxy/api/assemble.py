@@ -12,7 +12,10 @@ from typing import Any
 
 Json = dict[str, Any]
 
-_TOP_SKIP = {"choices", "usage", "object"}
+_TOP_SKIP = {"choices", "usage", "object", "error"}
+# The engine's name for reasoning text, kept in the assembled message: vLLM 0.32
+# streams ``reasoning``, older releases ``reasoning_content``.
+_REASONING_KEYS = ("reasoning", "reasoning_content")
 
 
 def _merge_tool_calls(into: list[Json], deltas: list[Json]) -> None:
@@ -36,6 +39,7 @@ class _Choice:
         self.role = "assistant"
         self.text: list[str] = []
         self.reasoning: list[str] = []
+        self.reasoning_key = _REASONING_KEYS[0]
         self.tool_calls: list[Json] = []
         self.logprobs: Json | None = None
         self.finish_reason: str | None = None
@@ -46,7 +50,10 @@ class _Choice:
         if delta is not None:
             self.role = delta.get("role") or self.role
             self.text.append(delta.get("content") or "")
-            self.reasoning.append(delta.get("reasoning_content") or "")
+            for key in _REASONING_KEYS:
+                if delta.get(key):
+                    self.reasoning_key = key
+                    self.reasoning.append(delta[key])
             _merge_tool_calls(self.tool_calls, delta.get("tool_calls") or [])
         else:
             self.text.append(choice.get("text") or "")
@@ -68,7 +75,7 @@ class _Choice:
         message: Json = {"role": self.role, "content": "".join(self.text)}
         message["tool_calls"] = self.tool_calls
         if any(self.reasoning):
-            message["reasoning_content"] = "".join(self.reasoning)
+            message[self.reasoning_key] = "".join(self.reasoning)
         return {
             "index": self.index,
             "message": message,
@@ -98,8 +105,11 @@ class Assembler:
         self.usage: Json | None = None
 
     def add(self, chunk: Json) -> None:
-        if not self._head:
-            self._head = {k: v for k, v in chunk.items() if k not in _TOP_SKIP}
+        # The first chunk sets the head; later ones only add to it (vLLM sends
+        # ``system_fingerprint`` in the closing usage chunk).
+        for key, value in chunk.items():
+            if key not in _TOP_SKIP:
+                self._head.setdefault(key, value)
         for choice in chunk.get("choices") or ():
             index = int(choice.get("index", 0))
             self._choices.setdefault(index, _Choice(index)).add(choice)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Json = dict[str, Any]
+# vLLM 0.32 streams reasoning text as ``reasoning``; older releases said ``reasoning_content``.
+_TOKEN_KEYS = ("content", "tool_calls", "reasoning", "reasoning_content")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class SSEEvent:
             delta = choice.get("delta") or {}
             if choice.get("text") or choice.get("finish_reason"):
                 return True
-            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+            if any(delta.get(key) for key in _TOKEN_KEYS):
                 return True
         return False
 

@@ -151,6 +151,30 @@ def test_reasoning_content_is_kept_apart() -> None:
     assert choice["message"]["reasoning_content"] == "Thinking."
 
 
+def test_reasoning_keeps_the_engines_key() -> None:
+    # vLLM 0.32 streams ``reasoning`` (and answers with it); older ones ``reasoning_content``.
+    chunks = [
+        chat_chunk(delta(role="assistant", reasoning="Think", content="")),
+        chat_chunk(delta(reasoning="ing.", content=None)),
+        chat_chunk(delta(content="Answer", finish="stop")),
+    ]
+    (choice,) = assemble(chunks)["choices"]
+    assert choice["message"]["content"] == "Answer"
+    assert choice["message"]["reasoning"] == "Thinking."
+    assert "reasoning_content" not in choice["message"]
+
+
+def test_later_chunks_add_to_the_head() -> None:
+    # vLLM sends system_fingerprint only in the closing usage chunk.
+    chunks = [
+        chat_chunk(delta(role="assistant", content="Hi", finish="stop")),
+        chat_chunk(usage=USAGE, system_fingerprint="vllm-0.32.0", model="other"),
+    ]
+    body = assemble(chunks)
+    assert body["system_fingerprint"] == "vllm-0.32.0"
+    assert body["model"] == "m"
+
+
 def test_no_reasoning_content_key_without_reasoning() -> None:
     (choice,) = assemble(parsed(chat_events()))["choices"]
     assert "reasoning_content" not in choice["message"]

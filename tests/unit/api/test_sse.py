@@ -115,6 +115,7 @@ def test_has_token() -> None:
     assert event(chat_chunk(delta(content="Hi"))).has_token
     assert event(chat_chunk(delta(content="", finish="stop"))).has_token
     assert event(chat_chunk(delta(reasoning_content="hmm"))).has_token
+    assert event(chat_chunk(delta(reasoning="hmm", content=None))).has_token  # vLLM 0.32
     call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f"}}
     assert event(chat_chunk(delta(tool_calls=[call]))).has_token
     assert event({"choices": [{"index": 0, "text": "x", "finish_reason": None}]}).has_token
