@@ -7,6 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from proxy.probe.command import add_probe_parser, run_probe_command
+from proxy.sim.calibrate.command import add_arguments as add_calibrate_arguments
+from proxy.sim.calibrate.command import run as run_calibrate
 from proxy.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
 from proxy.sim.settings import SimSettings, scheduler_config
 
@@ -113,6 +116,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     turn = commands.add_parser("turn", help="print whose turn it is, one sentence per engine")
     turn.add_argument("--proxy", default="http://127.0.0.1:8080", help="the proxy's base URL")
+    add_probe_parser(commands)
 
     inter = sim_commands.add_parser(
         "interference",
@@ -128,6 +132,10 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
     evaluate.add_argument("--batch-concurrency", type=int, default=128)
     evaluate.add_argument("--seed", type=int, default=0)
+    calibrate = sim_commands.add_parser(
+        "calibrate", help="measure a real engine over HTTP and fit a simulator profile"
+    )
+    add_calibrate_arguments(calibrate)
     inter.add_argument("--batch-prompts", type=int, default=64)
     inter.add_argument("--batch-prompt-tokens", type=int, default=8000)
     return parser
@@ -146,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from proxy.sim.interference import run_interference
 
             return run_interference(_sim_settings_for_table(args), args)
+        if args.command == "sim" and args.sim_command == "calibrate":
+            return run_calibrate(args)
         if args.command == "sim" and args.sim_command == "evaluate":
             return _evaluate(_sim_settings_for_table(args), args)
         if args.command == "sim":
@@ -156,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "turn":
             return _turn(args.proxy)
+        if args.command == "probe":
+            return run_probe_command(args)
     except (ProfileError, ValueError) as exc:
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2

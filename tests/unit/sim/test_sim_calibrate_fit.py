@@ -1,0 +1,494 @@
+"""Calibration's pure parts: the fit recovers a cost model from measurements that the
+simulated engine itself produced (in virtual time), with and without noise; the token
+time reductions; the report and the profile file; the SSE and /metrics parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from proxy.clock import VirtualClock
+from proxy.sim.calibrate.fit import OVERHEAD, fit, lstsq
+from proxy.sim.calibrate.measure import Plan
+from proxy.sim.calibrate.report import profile_file, report, residual_summary
+from proxy.sim.calibrate.samples import (
+    Kind,
+    Measurement,
+    WindowError,
+    median_of,
+    prefill_steps,
+    stall_step,
+    steady_gap,
+)
+from proxy.sim.calibrate.wire import (
+    INTER_TOKEN,
+    PREFILL_TIME,
+    EngineClock,
+    EngineInfo,
+    MeasurementError,
+    Prompts,
+    TokenLog,
+    _on_line,
+    engine_info,
+)
+from proxy.sim.engine import SimEngine, StepResult
+from proxy.sim.profile import StepCost, load_profile
+from proxy.sim.scheduler import SchedulerConfig
+from proxy.sim.virtual import VirtualRunner
+
+from .helpers import unique_prompt
+
+BUDGET = 512
+REQUEST_OVERHEAD = 0.003
+CONFIG = SchedulerConfig(max_num_batched_tokens=BUDGET, max_model_len=8192, num_gpu_blocks=16384)
+FULL = StepCost(
+    fixed_s=0.0045,
+    prefill_per_token_s=0.0002,
+    decode_per_token_s=0.0005,
+    prefill_attention_per_token_context_s=2e-9,
+    decode_per_context_token_s=4e-8,
+    decode_step_overhead_s=0.0007,
+)
+PLAN = Plan(budget=BUDGET).within(CONFIG.max_model_len)
+
+
+# -- synthetic measurements: the simulated engine in virtual time ----------------------
+
+
+def _runner(cost: StepCost, config: SchedulerConfig) -> VirtualRunner:
+    clock = VirtualClock()
+    return VirtualRunner(SimEngine(config, cost, clock), clock)
+
+
+def _token_times(runner: VirtualRunner) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = defaultdict(list)
+
+    def record(_: SimEngine, result: StepResult) -> None:
+        for event in result.tokens:
+            times[event.request.request_id].append(event.time)
+
+    runner.listeners.append(record)
+    return times
+
+
+def sim_prefill(cost: StepCost, config: SchedulerConfig, prompt: int) -> Measurement:
+    """TTFT of a prompt alone on an idle engine, plus a request overhead."""
+    runner = _runner(cost, config)
+    box = runner.submit_at(0.0, unique_prompt(prompt), 1)
+    runner.run()
+    first = box[0].first_token_time
+    assert first is not None
+    return Measurement(
+        kind=Kind.PREFILL,
+        seconds=first + REQUEST_OVERHEAD,
+        prompt_tokens=prompt,
+        prefill_steps=prefill_steps(prompt, config.max_num_batched_tokens),
+    )
+
+
+def sim_decode(cost: StepCost, config: SchedulerConfig, batch: int, prompt: int) -> Measurement:
+    """``batch`` streams started together, as ``measure`` starts them."""
+    runner = _runner(cost, config)
+    times = _token_times(runner)
+    ramp = -(-batch * prompt // config.max_num_batched_tokens) + 1
+    max_tokens = PLAN.skip_tokens + PLAN.decode_window + ramp + 1
+    for i in range(batch):
+        runner.submit_at(0.0, unique_prompt(prompt), max_tokens, request_id=f"d{i}")
+    runner.run()
+    gap, context = steady_gap(list(times.values()), [prompt] * batch, skip=PLAN.skip_tokens)
+    return Measurement(
+        kind=Kind.DECODE, seconds=gap, prompt_tokens=prompt, batch=batch, context_tokens=context
+    )
+
+
+def sim_mixed(cost: StepCost, config: SchedulerConfig, prompt: int) -> Measurement:
+    """A prefill arriving mid-step beside one decode stream; the stall it causes."""
+    runner = _runner(cost, config)
+    times = _token_times(runner)
+    runner.submit_at(0.0, unique_prompt(16), 40, request_id="decode")
+    box = runner.submit_at(0.0601, unique_prompt(prompt), 1, request_id="prefill")
+    runner.run()
+    first = box[0].first_token_time
+    assert first is not None
+    j, stall = stall_step(times["decode"], first)
+    return Measurement(
+        kind=Kind.MIXED, seconds=stall, prompt_tokens=prompt, batch=1, context_tokens=16 + j
+    )
+
+
+def simulated(cost: StepCost, config: SchedulerConfig = CONFIG) -> list[Measurement]:
+    """Every measurement of the default plan, taken from the simulator in virtual time."""
+    plan = replace(PLAN, budget=config.max_num_batched_tokens).within(config.max_model_len)
+    found = [sim_prefill(cost, config, p) for p in plan.prefill_sizes]
+    shapes = [(n, plan.short_prompt_tokens) for n in plan.decode_batches]
+    shapes += [(n, plan.long_context_tokens) for n in plan.long_context_batches]
+    found += [sim_decode(cost, config, n, p) for n, p in shapes]
+    found += [sim_mixed(cost, config, p) for p in plan.mixed_sizes]
+    return found
+
+
+def noisy(measurements: list[Measurement], seed: int, sd: float) -> list[Measurement]:
+    """Each time off by a relative error drawn from N(0, sd); medians of 3 such draws."""
+    rng = random.Random(seed)
+    out = []
+    for m in measurements:
+        draws = [replace(m, seconds=m.seconds * (1 + rng.gauss(0, sd))) for _ in range(3)]
+        out.append(median_of(draws))
+    return out
+
+
+def assert_close(cost: StepCost, expected: StepCost, rel: float, names: tuple[str, ...]) -> None:
+    for name in names:
+        got, want = getattr(cost, name), getattr(expected, name)
+        assert got == pytest.approx(want, rel=rel), f"{name}: {got:.4g} vs {want:.4g}"
+
+
+ALL = (
+    "fixed_s",
+    "prefill_per_token_s",
+    "decode_per_token_s",
+    "decode_step_overhead_s",
+    "prefill_attention_per_token_context_s",
+    "decode_per_context_token_s",
+)
+MAIN = ("fixed_s", "prefill_per_token_s", "decode_per_token_s")
+
+
+# -- the fit ------------------------------------------------------------------------
+
+
+def test_lstsq_solves_exactly_and_flags_dependent_columns() -> None:
+    # b = 2·x0 - 3·x1; x2 = x0 + x1 adds nothing; x3 is all zero.
+    x0, x1 = [1.0, 2.0, 3.0, 4.0], [1.0, -1.0, 0.5, 2.0]
+    x2 = [a + b for a, b in zip(x0, x1, strict=True)]
+    b = [2 * a - 3 * c for a, c in zip(x0, x1, strict=True)]
+    solution = lstsq([x0, x1, x2, [0.0] * 4], b)
+    assert solution[0] == pytest.approx(2.0)
+    assert solution[1] == pytest.approx(-3.0)
+    assert solution[2:] == [None, None]
+
+
+def test_lstsq_is_least_squares_on_an_overdetermined_system() -> None:
+    # Fitting a constant: the mean.
+    assert lstsq([[1.0, 1.0, 1.0]], [1.0, 2.0, 6.0]) == [pytest.approx(3.0)]
+
+
+def test_fit_recovers_every_coefficient_from_the_simulator() -> None:
+    # Not exact to the last digit: a stall is read against the steps before it, whose
+    # decode context was a few tokens shorter.
+    result = fit(simulated(FULL))
+    assert_close(result.cost, FULL, 1e-2, ALL)
+    assert result.request_overhead_s == pytest.approx(REQUEST_OVERHEAD, rel=1e-2)
+    assert result.notes == ()
+    assert all(worst < 1e-3 for _, worst in residual_summary(result).values())
+
+
+def test_fit_recovers_the_cpu_tiny_profile() -> None:
+    tiny = load_profile("cpu-tiny").step
+    result = fit(simulated(tiny))
+    assert_close(result.cost, tiny, 1e-3, MAIN)
+    assert result.cost.decode_step_overhead_s < 1e-6
+    assert result.cost.decode_per_context_token_s < 1e-10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_with_noise_stays_near_the_true_coefficients(seed: int) -> None:
+    # 0.5% is about the spread of one TTFT against the simulator on a loaded 2-core
+    # machine. The fixed part is the least determined: only the step boundaries show it
+    # (worst of 40 seeds: 15%).
+    result = fit(noisy(simulated(FULL), seed, sd=0.005))
+    assert_close(result.cost, FULL, 0.25, ("fixed_s",))
+    assert_close(result.cost, FULL, 0.05, ("prefill_per_token_s", "decode_per_token_s"))
+    # Fixed + decode overhead (what every decode step pays) is pinned much tighter.
+    both = result.cost.fixed_s + result.cost.decode_step_overhead_s
+    assert both == pytest.approx(FULL.fixed_s + FULL.decode_step_overhead_s, rel=0.03)
+    assert all(worst < 0.03 for _, worst in residual_summary(result).values())
+
+
+def test_request_overhead_folds_into_fixed_when_no_prompt_spans_two_steps() -> None:
+    config = replace(CONFIG, max_num_batched_tokens=8192)
+    result = fit(simulated(FULL, config))
+    assert any("no prompt took more than one step" in note for note in result.notes)
+    assert any(note.startswith("decode_step_overhead_s: not separable") for note in result.notes)
+    # Decode steps keep their whole fixed part; the request overhead takes the rest.
+    fixed = FULL.fixed_s + FULL.decode_step_overhead_s
+    assert result.cost.fixed_s == pytest.approx(fixed, rel=1e-2)
+    assert result.cost.decode_step_overhead_s == 0.0
+    assert result.request_overhead_s == pytest.approx(
+        REQUEST_OVERHEAD - FULL.decode_step_overhead_s, rel=1e-2
+    )
+    assert_close(result.cost, FULL, 1e-2, ("prefill_per_token_s", "decode_per_token_s"))
+    assert all(worst < 1e-3 for _, worst in residual_summary(result).values())
+
+
+def test_negative_coefficients_are_set_to_zero_and_noted() -> None:
+    # Decode steps faster than the fixed part the prefills show: the decode
+    # overhead would be negative.
+    cost = replace(FULL, decode_step_overhead_s=0.0)
+    measurements = [m for m in simulated(cost) if m.kind is Kind.PREFILL]
+    measurements += [
+        Measurement(kind=Kind.DECODE, seconds=0.003 + 0.0005 * n, batch=n, context_tokens=20.0 * n)
+        for n in (1, 2, 4, 8)
+    ]
+    result = fit(measurements)
+    assert result.cost.decode_step_overhead_s == 0.0
+    assert any("negative" in note for note in result.notes)
+    assert all(e >= 0 for e in vars(result.cost).values())
+
+
+def test_engine_clock_prefills_carry_no_request_overhead() -> None:
+    measurements = [
+        replace(m, seconds=m.seconds - REQUEST_OVERHEAD, engine_clock=True)
+        if m.kind is Kind.PREFILL
+        else m
+        for m in simulated(FULL)
+    ]
+    result = fit(measurements)
+    assert_close(result.cost, FULL, 1e-2, ALL)
+    assert result.request_overhead_s == 0.0
+    assert result.notes == (f"{OVERHEAD}: not measured, set to 0",)
+
+
+def test_fit_refuses_nothing() -> None:
+    with pytest.raises(ValueError, match="nothing"):
+        fit([])
+
+
+# -- token times to measurements ----------------------------------------------------
+
+
+def test_steady_gap_reads_the_window_where_every_stream_decodes() -> None:
+    # Stream a starts 3 steps before b; steps of 10 ms; both 12 tokens.
+    a = [0.01 * i for i in range(12)]
+    b = [0.03 + 0.01 * i for i in range(12)]
+    gap, context = steady_gap([a, b], [100, 200], skip=2)
+    assert gap == pytest.approx(0.01)
+    # Window 0.05..0.11: a has tokens 5..11, b tokens 2..8; the context is read about
+    # the middle of each (the hull edge there may be a token shorter than the window).
+    assert context == pytest.approx(100 + (6 + 11) / 2 + 200 + (3 + 8) / 2, abs=1.0)
+
+
+def test_steady_gap_counts_tokens_that_came_in_one_chunk() -> None:
+    times = [0.0, 0.01, 0.02, 0.04, 0.04, 0.05, 0.06]  # tokens 3 and 4 arrived together
+    gap, _ = steady_gap([times], [10], skip=1)
+    assert gap == pytest.approx(0.01)
+
+
+def test_steady_gap_reads_under_late_bursts() -> None:
+    # 5 ms steps; the server stalls twice and then delivers what it held at once.
+    on_time = [0.005 * j for j in range(40)]
+    late = {j: 0.1001 + 0.00001 * j for j in range(8, 20)}
+    late |= {j: 0.1801 + 0.00001 * j for j in range(26, 36)}
+    times = [late.get(j, t) for j, t in enumerate(on_time)]
+    gap, _ = steady_gap([times], [16], skip=4)
+    assert gap == pytest.approx(0.005)
+
+
+def test_steady_gap_needs_a_window() -> None:
+    with pytest.raises(WindowError):
+        steady_gap([[0.0, 0.01, 0.02], [0.5, 0.51, 0.52]], [1, 1], skip=0)
+    with pytest.raises(WindowError):
+        steady_gap([[0.0, 0.01]], [1], skip=2)
+
+
+def test_stall_step_survives_late_tokens() -> None:
+    # 10 ms steps; the step ending token 8 takes 50 ms; token 8 itself is seen 4 ms
+    # late, token 5 comes 6 ms late.
+    times = [0.01 * i for i in range(8)] + [0.07 + 0.05 + 0.004, 0.13, 0.14]
+    times[5] += 0.006
+    j, stall = stall_step(times, at=0.12)
+    assert j == 8
+    assert stall == pytest.approx(0.05)
+
+
+def test_stall_step_needs_tokens_around_it_that_came_step_by_step() -> None:
+    with pytest.raises(WindowError, match="near an end"):
+        stall_step([0.0, 0.01, 0.02, 0.03], at=0.03)
+    burst = [0.01 * i for i in range(6)] + [0.051, 0.0511, 0.0512, 0.0513]
+    with pytest.raises(WindowError, match="burst"):
+        stall_step(burst, at=0.0512)
+
+
+def test_median_of_repeats() -> None:
+    ms = [
+        Measurement(kind=Kind.DECODE, seconds=s, batch=2, context_tokens=c)
+        for s, c in ((0.3, 10), (0.1, 30), (0.2, 20))
+    ]
+    m = median_of(ms)
+    assert (m.seconds, m.context_tokens, m.repeats) == (0.2, 20, 3)
+    with pytest.raises(ValueError, match="shapes"):
+        median_of([ms[0], replace(ms[1], batch=4)])
+
+
+def test_engine_clock_plan_keeps_only_decode_shapes_that_start_together() -> None:
+    plan = Plan(budget=512, long_context_tokens=1024, long_context_batches=(1, 4))
+    assert plan.within(8192).long_context_batches == (1, 4)
+    engine = replace(plan, engine_clock=True).within(8192)
+    assert engine.long_context_batches == (1,)
+    assert engine.ramp_free(16, 16) and not engine.ramp_free(2, 300)
+
+
+def test_plan_adds_prompts_on_both_sides_of_step_boundaries_and_fits_the_engine() -> None:
+    plan = Plan(budget=512, prefill_sizes=(32, 4096), mixed_sizes=(64, 1024))
+    assert plan.within(8192).prefill_sizes == (32, 512, 520, 1024, 1032, 4096)
+    assert plan.within(8192).mixed_sizes == (64, 510)
+    small = plan.within(600)
+    assert max(small.prefill_sizes) == 598
+    assert small.long_context_tokens < 300
+
+
+# -- report and profile file --------------------------------------------------------
+
+
+INFO = EngineInfo(
+    url="http://engine:8000", model="tiny", max_model_len=8192, block_size=16, num_gpu_blocks=4096
+)
+
+
+def test_profile_file_loads_back_with_its_provenance(tmp_path: Path) -> None:
+    result = fit(simulated(FULL))
+    text = profile_file(
+        result, INFO, PLAN, name="fitted", now=datetime(2026, 11, 29, tzinfo=UTC), seconds=12.0
+    )
+    header = text.split("\nname:")[0]
+    assert all(line.startswith("# ") for line in header.splitlines())
+    assert "http://engine:8000" in header and "2026-11-29" in header
+    path = tmp_path / "fitted.yaml"
+    path.write_text(text)
+    profile = load_profile(str(path))
+    assert profile.step == result.cost
+    assert (profile.name, profile.model) == ("fitted", "tiny")
+    engine = profile.engine
+    assert (engine.max_num_batched_tokens, engine.max_model_len) == (BUDGET, 8192)
+    assert (engine.block_size, engine.num_gpu_blocks) == (16, 4096)
+    assert yaml.safe_load(text)["step"]["fixed_s"] == pytest.approx(FULL.fixed_s, rel=1e-3)
+
+
+def test_report_has_every_coefficient_measurement_and_kind() -> None:
+    result = fit(simulated(FULL))
+    text = report(result)
+    assert "fixed_s" in text and OVERHEAD in text
+    assert text.count("prefill ") >= len(PLAN.prefill_sizes)
+    for kind in Kind:
+        assert f"\n{kind.value} " in text
+
+
+# -- the HTTP edge, on a mock transport ---------------------------------------------
+
+
+def test_sse_lines_count_tokens_with_and_without_usage() -> None:
+    log = TokenLog()
+    assert not _on_line('data: {"choices": [{"text": "a"}]}', log)
+    assert not _on_line(
+        'data: {"choices": [{"text": "bc"}], "usage": {"completion_tokens": 3}}', log
+    )
+    assert not _on_line('data: {"choices": [], "usage": {"completion_tokens": 3}}', log)
+    assert not _on_line(": keep-alive", log)
+    assert _on_line("data: [DONE]", log)
+    assert len(log.times) == 3 and log.times[1] == log.times[2]
+
+
+METRICS = """# HELP vllm:cache_config_info Information of the KV cache config.
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="32768"} 1.0
+"""
+
+
+def engine_transport(tokens_per_word: int = 1) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            card = {"id": "tiny", "max_model_len": 4096}
+            return httpx.Response(200, json={"data": [card]})
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+        if request.url.path == "/tokenize":
+            words = yaml.safe_load(request.content)["prompt"].split()
+            ids = [hash(w) % 1000 for w in words for _ in range(tokens_per_word)]
+            return httpx.Response(200, json={"count": len(ids), "tokens": ids})
+        return httpx.Response(404)
+
+    return httpx.MockTransport(handle)
+
+
+def test_engine_info_reads_models_and_cache_config() -> None:
+    async def go() -> EngineInfo:
+        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
+            return await engine_info(c)
+
+    info = asyncio.run(go())
+    assert (info.model, info.max_model_len, info.block_size, info.num_gpu_blocks) == (
+        "tiny",
+        4096,
+        16,
+        32768,
+    )
+
+
+def test_prompts_are_unique_and_exactly_as_long_as_asked() -> None:
+    async def go() -> list[list[int]]:
+        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
+            prompts = Prompts(c, "tiny", seed=1)
+            return [await prompts.make(n) for n in (1, 16, 16, 300)]
+
+    made = asyncio.run(go())
+    assert [len(p) for p in made] == [1, 16, 16, 300]
+    assert made[1][:1] != made[2][:1]
+
+
+def histograms(prefill: tuple[float, int], itl: tuple[float, int]) -> str:
+    lines = []
+    for name, (total, count) in ((PREFILL_TIME, prefill), (INTER_TOKEN, itl)):
+        lines += [f"# TYPE {name} histogram"]
+        for engine in ("0", "1"):  # two label sets, summed
+            labels = f'engine="{engine}",model_name="tiny"'
+            lines += [
+                f'{name}_bucket{{{labels},le="+Inf"}} {count / 2}',
+                f"{name}_count{{{labels}}} {count / 2}",
+                f"{name}_sum{{{labels}}} {total / 2}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_clock_reads_histogram_differences_once_they_come() -> None:
+    # Before; a reading with nothing new yet (the clock waits); then two prefills.
+    pages = iter(
+        [
+            histograms((1.0, 10), (2.0, 100)),
+            histograms((1.0, 10), (2.0, 100)),
+            histograms((1.25, 12), (2.5, 110)),
+        ]
+    )
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=next(pages))
+
+    async def go() -> tuple[float, int]:
+        transport = httpx.MockTransport(handle)
+        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+            clock = EngineClock(client)
+            return await clock.since(await clock.read(), PREFILL_TIME, 2)
+
+    total, count = asyncio.run(go())
+    assert total == pytest.approx(0.25) and count == 2
+
+
+def test_engine_clock_gives_up_on_an_engine_without_the_histogram() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="# nothing here\n")
+
+    async def go() -> None:
+        transport = httpx.MockTransport(handle)
+        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+            clock = EngineClock(client, settle_s=0.05)
+            await clock.since(await clock.read(), INTER_TOKEN, 1)
+
+    with pytest.raises(MeasurementError, match="does the engine export it"):
+        asyncio.run(go())
