@@ -7,6 +7,9 @@ import asyncio
 import json
 import sys
 
+from proxy.probe.report import render_text, to_json
+from proxy.probe.runner import ProbeConfig, ProbeError, run_probe
+
 
 def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``probe`` subcommand to the ``whoseturn`` parser's subparsers."""
@@ -30,6 +33,12 @@ def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="prompt sizes in tokens (default: 128, 256, ... up to max_model_len)",
     )
     probe.add_argument("--repeats", type=int, default=3, help="measurements per size")
+    probe.add_argument(
+        "--extra-repeats",
+        type=int,
+        default=3,
+        help="rounds of one more measurement of each size whose repeats disagree",
+    )
     probe.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     probe.add_argument("--api-key", default=None)
     probe.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -37,14 +46,12 @@ def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 def run_probe_command(args: argparse.Namespace) -> int:
     """Probe, print the report; 0 with any verdict, 1 if the engine could not be measured."""
-    from proxy.probe.report import render_text, to_json
-    from proxy.probe.runner import ProbeConfig, ProbeError, run_probe
-
     config = ProbeConfig(
         engine_url=args.engine,
         model=args.model,
         sizes=args.sizes,
         repeats=args.repeats,
+        extra_repeats=args.extra_repeats,
         timeout_s=args.timeout,
         api_key=args.api_key,
     )

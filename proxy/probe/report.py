@@ -36,7 +36,8 @@ def _interleaves(a: Analysis, url: str) -> str:
         f"engine at {url} interleaves prefill with decode: decode stalls level off at "
         f"~{_approx_ms(a.stall_level_s)} ms once a prompt exceeds ~{a.chunk_tokens} tokens "
         "(its per-step chunk); a prompt larger than that is prefilled over several steps "
-        f"while decode continues (the {top.prompt_tokens}-token one took ~{top.prefill_steps})."
+        f"while decode continues (the {top.prompt_tokens}-token one took ~{top.prefill_steps}"
+        f"{_each(a)})."
     )
     details = f" Below the chunk, prefill costs ~{_per_1k(a.broken.slope_s_per_token)}"
     if a.broken.slope_ratio > _NOTABLE_AFTER:
@@ -45,6 +46,10 @@ def _interleaves(a: Analysis, url: str) -> str:
             "as a later chunk attends to a longer context"
         )
     return f"{sentence}{details}."
+
+
+def _each(a: Analysis) -> str:
+    return f", ~{a.steps_chunk_tokens} tokens each" if a.steps_chunk_tokens else ""
 
 
 def _interleaves_by_steps(a: Analysis, url: str) -> str:
@@ -122,8 +127,8 @@ def _broken_text(broken: BrokenLine, line: Line) -> str:
     share = broken.sse / line.sse if line.sse > 0 else 1.0
     return (
         f"stall = {_ms(broken.intercept_s)} ms + {_per_1k(broken.slope_s_per_token)} up to "
-        f"{round(broken.knee_tokens)} tokens, then + "
-        f"{_per_1k(broken.slope_after_s_per_token)} ({share:.0%} of the line's squared error)"
+        f"{round(broken.knee_tokens)} tokens, then {_signed_per_1k(broken.slope_after_s_per_token)}"
+        f" ({share:.0%} of the line's squared error)"
     )
 
 
@@ -198,6 +203,11 @@ def _approx_ms(seconds: float) -> str:
 
 def _per_1k(s_per_token: float) -> str:
     return f"{_approx_ms(s_per_token * 1000)} ms per 1k prompt tokens"
+
+
+def _signed_per_1k(s_per_token: float) -> str:
+    ms = s_per_token * 1e6
+    return f"{0.0 if abs(ms) < 0.05 else ms:+.1f} ms per 1k prompt tokens"
 
 
 def _ms_or_none(seconds: float | None) -> float | None:

@@ -135,30 +135,23 @@ async def _probe(
     client: httpx.AsyncClient, config: ProbeConfig, clock: Callable[[], float], started: float
 ) -> ProbeResult:
     engine = await discover(client, config)
-    sizes = config.sizes or default_sizes(engine.max_model_len)
+    sizes = tuple(sorted(set(config.sizes))) or default_sizes(engine.max_model_len)
     _check_sizes(sizes, engine)
-    order = [
-        size
-        for rep in range(config.repeats)
-        for size in (sorted(sizes) if rep % 2 == 0 else sorted(sizes, reverse=True))
-    ]
     # Fresh entropy on every run: a prompt repeated from an earlier run would be
     # answered from the prefix cache and stall nothing.
     prompts = PromptMaker(client, engine.model, random.Random())
+    session = _Session(client=client, engine=engine, config=config, clock=clock, prompts=prompts)
+    order = [size for rep in range(config.repeats) for size in sizes[:: 1 if rep % 2 == 0 else -1]]
     logger.info("probing %s with %d prompts of %s tokens", engine.url, len(order), sizes)
-    for size in (min(sizes), max(sizes)):  # warm-up, not recorded: first-use costs
-        await measure(client, engine, await prompts.make(size), config, clock)
-    injections = [
-        await _measure_logged(client, engine, prompts, size, config, clock) for size in order
-    ]
+    for size in (sizes[0], sizes[-1]):  # warm-up, not recorded: first-use costs
+        await session.inject(size)
+    injections = [await session.inject(size) for size in order]
     for _ in range(config.extra_repeats):
         again = unsettled_sizes(injections)
         if not again:
             break
         logger.info("measuring %s tokens again: their repeats disagree", again)
-        injections += [
-            await _measure_logged(client, engine, prompts, size, config, clock) for size in again
-        ]
+        injections += [await session.inject(size) for size in again]
     return ProbeResult(
         engine=engine,
         injections=tuple(injections),
@@ -167,23 +160,28 @@ async def _probe(
     )
 
 
-async def _measure_logged(
-    client: httpx.AsyncClient,
-    engine: EngineInfo,
-    prompts: PromptMaker,
-    size: int,
-    config: ProbeConfig,
-    clock: Callable[[], float],
-) -> Injection:
-    injection = await measure(client, engine, await prompts.make(size), config, clock)
-    logger.info(
-        "%d-token prompt: decode stalled %.1f ms, %d long gaps (the prompt took %.1f ms)",
-        size,
-        injection.stall_s * 1000,
-        injection.prefill_steps,
-        injection.prompt_latency_s * 1000,
-    )
-    return injection
+@dataclass(frozen=True, kw_only=True)
+class _Session:
+    """What every measurement of one probe run shares."""
+
+    client: httpx.AsyncClient
+    engine: EngineInfo
+    config: ProbeConfig
+    clock: Callable[[], float]
+    prompts: PromptMaker
+
+    async def inject(self, size: int) -> Injection:
+        """A fresh ``size``-token prompt beside a fresh decode stream."""
+        prompt = await self.prompts.make(size)
+        injection = await measure(self.client, self.engine, prompt, self.config, self.clock)
+        logger.info(
+            "%d-token prompt: decode stalled %.1f ms, %d long gaps (the prompt took %.1f ms)",
+            size,
+            injection.stall_s * 1000,
+            injection.prefill_steps,
+            injection.prompt_latency_s * 1000,
+        )
+        return injection
 
 
 async def discover(client: httpx.AsyncClient, config: ProbeConfig) -> EngineInfo:
@@ -304,10 +302,11 @@ async def measure(
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
     quiet = timeline.quiet_gaps(arrivals.times, sent)
-    threshold = timeline.step_threshold(quiet)
+    stall = timeline.stall(arrivals.times, sent, answered)
+    threshold = timeline.step_threshold(quiet, stall)
     return Injection(
         prompt_tokens=len(prompt_ids),
-        stall_s=timeline.stall(arrivals.times, sent, answered),
+        stall_s=stall,
         baseline_gap_s=quiet.median_gap_s,
         quiet_worst_s=quiet.worst_gap_s,
         prompt_latency_s=answered - sent,

@@ -49,10 +49,16 @@ def stall(arrivals: Sequence[float], start: float, end: float) -> float:
     return max(overlapping)
 
 
-def step_threshold(quiet: Quiet) -> float:
-    """A gap longer than this is a step that did more than decode: twice the quiet
-    median, and half as long again as the quiet worst."""
-    return max(2 * quiet.median_gap_s, 1.5 * quiet.worst_gap_s)
+def step_threshold(quiet: Quiet, stall_s: float) -> float:
+    """A gap longer than this is a step that computed part of a prefill.
+
+    Twice the quiet median and half as long again as the quiet worst (a decode step's
+    own jitter), and an eighth of the stall: a prefill's chunks differ in cost only by
+    the context they attend to (on a CPU the last chunk of an 8k-token prompt costs
+    about five times the first), while shorter gaps during it are hiccups, such as
+    the engine's API server reading the long prompt.
+    """
+    return max(2 * quiet.median_gap_s, 1.5 * quiet.worst_gap_s, stall_s / 8)
 
 
 def long_gaps(arrivals: Sequence[float], start: float, end: float, threshold: float) -> int:

@@ -32,8 +32,8 @@ def test_interleaving_sentence() -> None:
         f"engine at {URL} interleaves prefill with decode: decode stalls level off at "
         "~107 ms once a prompt exceeds ~511 tokens (its per-step chunk); a prompt larger "
         "than that is prefilled over several steps while decode continues (the "
-        "8128-token one took ~16). Below the chunk, prefill costs ~200 ms per 1k prompt "
-        "tokens."
+        "8128-token one took ~16, ~508 tokens each). Below the chunk, prefill costs "
+        "~200 ms per 1k prompt tokens."
     )
 
 

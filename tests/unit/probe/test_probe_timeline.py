@@ -48,9 +48,13 @@ def test_tokens_after() -> None:
     assert tokens_after(ARRIVALS, 1.0) == 0
 
 
-def test_step_threshold_stands_clear_of_quiet_jitter() -> None:
-    assert step_threshold(Quiet(median_gap_s=0.005, worst_gap_s=0.006)) == pytest.approx(0.010)
-    assert step_threshold(Quiet(median_gap_s=0.005, worst_gap_s=0.009)) == pytest.approx(0.0135)
+def test_step_threshold_stands_clear_of_quiet_jitter_and_hiccups() -> None:
+    quiet = Quiet(median_gap_s=0.005, worst_gap_s=0.006)
+    assert step_threshold(quiet, stall_s=0.020) == pytest.approx(0.010)
+    jittery = Quiet(median_gap_s=0.005, worst_gap_s=0.009)
+    assert step_threshold(jittery, stall_s=0.020) == pytest.approx(0.0135)
+    # Beside 1.8 s steps, a 50 ms gap is a hiccup, not a step.
+    assert step_threshold(quiet, stall_s=1.8) == pytest.approx(0.225)
 
 
 def test_long_gaps_count_the_steps_of_a_chunked_prefill() -> None:
