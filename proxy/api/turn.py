@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -45,7 +46,7 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
     }
 
 
-def install_turn_routes(app: FastAPI, admission_of: Any) -> None:
+def install_turn_routes(app: FastAPI, admission_of: Callable[[Request], Admission]) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`."""
 
     @app.get("/turn", response_model=None)

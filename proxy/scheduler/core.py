@@ -177,9 +177,9 @@ class Scheduler:
         if job.held is reason:
             return
         job.held = reason
-        for engine in engines:
-            self._log(now, engine.name, job, False, reason)
-            break
+        first = next(iter(engines), None)
+        if first is not None:
+            self._log(now, first.name, job, False, reason)
 
     def _log(self, now: float, engine: str, job: Job, admitted: bool, r: HeldReason | None) -> None:
         budget = self.engines[engine].budget.tokens
