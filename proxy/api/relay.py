@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import httpx
 
 from proxy.admission import Admission
@@ -53,12 +55,20 @@ class Relay:
         self._labels = (job.cls.value, engine)
 
     async def events(self) -> AsyncIterator[SSEEvent]:
-        """The engine's events as they complete; read errors propagate (httpx)."""
+        """The engine's events as they complete; read errors propagate (httpx).
+
+        Each event is followed by a checkpoint. One read can bring hundreds of events
+        (a backlog, when the engine runs ahead of the proxy), and sending them to the
+        client never suspends while its socket takes them or once it is gone: without
+        the checkpoint the event loop would not run until the backlog was drained, so
+        a client's hang-up (and every other request) would wait that long.
+        """
         reader = SSEReader()
         async for chunk in self.response.aiter_raw():
             for event in reader.feed(chunk):
                 self._observe(event)
                 yield event
+                await anyio.lowlevel.checkpoint()
 
     def _observe(self, event: SSEEvent) -> None:
         self.stats.events += 1

@@ -1,0 +1,60 @@
+"""The relay of one upstream answer: events in order, and a backlog of events read
+in one chunk never holds the event loop."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import pytest
+
+from proxy.admission import Admission
+from proxy.api.relay import Relay
+from proxy.clock import VirtualClock
+from proxy.metrics import ProxyMetrics
+from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
+
+from .helpers import completion_events
+
+pytestmark = pytest.mark.anyio
+
+BACKLOG = 200
+
+
+def relay_of(body: bytes) -> tuple[Relay, Admission]:
+    clock = VirtualClock()
+    scheduler = Scheduler([EngineSettings(name="e", models=frozenset({"m"}))], clock)
+    admission = Admission(scheduler)
+    job = Job(id="j", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=5, arrival=0.0)
+    scheduler.submit(job)
+    scheduler.dispatch()
+    response = httpx.Response(200, stream=httpx.ByteStream(body))
+    metrics = ProxyMetrics(scheduler, ttft_target_s=0.3)
+    return Relay(job, "e", response, admission, metrics, clock, lambda _: None), admission
+
+
+async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() -> None:
+    """Hundreds of events in one read (the engine ran ahead of the proxy): other
+    tasks — a client's hang-up, other requests — run between every two of them."""
+    pieces = [f" t{i}" for i in range(BACKLOG)]
+    body = b"".join(completion_events(pieces))
+    relay, _ = relay_of(body)
+    ticks = 0
+    seen: list[int] = []
+
+    async def other_task() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other_task)
+        await anyio.lowlevel.checkpoint()
+        async for event in relay.events():
+            if event.has_token:
+                seen.append(ticks)
+        group.cancel_scope.cancel()
+    assert len(seen) == BACKLOG + 1  # the pieces and the empty finishing chunk
+    # The other task ran at least once between any two token events.
+    assert all(later > earlier for earlier, later in zip(seen, seen[1:], strict=False))
+    assert relay.stats.events == BACKLOG + 3  # with the usage chunk and [DONE]
