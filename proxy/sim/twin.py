@@ -16,19 +16,37 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from proxy.clock import VirtualClock
-from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
+from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import percentile
-from proxy.sim.engine import SimEngine, StepResult
+from proxy.sim.engine import SimEngine
+from proxy.sim.harness import (
+    BATCH_PRIORITY,
+    INTERACTIVE_PRIORITY,
+    ProxyFront,
+    Recorder,
+    RequestRecord,
+    engine_priority,
+)
 from proxy.sim.profile import StepCost
 from proxy.sim.queues import SchedulingPolicy
 from proxy.sim.scheduler import SchedulerConfig
 from proxy.sim.virtual import VirtualRunner
 
-INTERACTIVE_PRIORITY = -10
-BATCH_PRIORITY = 0
+__all__ = [
+    "BATCH_PRIORITY",
+    "INTERACTIVE_PRIORITY",
+    "ArmResult",
+    "MixedWorkload",
+    "evaluation_arms",
+    "evaluation_table",
+    "recommended_engine_flags",
+    "run_direct",
+    "run_proxy",
+    "verdict",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,15 +62,6 @@ class MixedWorkload:
     seed: int = 0
 
 
-@dataclass
-class _Record:
-    cls: TrafficClass
-    arrival: float
-    first_token: float | None = None
-    finished: float | None = None
-    gaps: list[float] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class ArmResult:
     name: str
@@ -66,59 +75,39 @@ class ArmResult:
     batch_docs_per_hour: float
 
 
-class _Recorder:
-    """Per-request timings keyed by request id, fed from engine step results."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, _Record] = {}
-        self.on_batch_done: Callable[[float], None] = lambda t: None
-
-    def listen(self, _: SimEngine, result: StepResult) -> None:
-        for token in result.tokens:
-            record = self.records.get(token.request.request_id)
-            if record is None:
-                continue
-            if token.is_first:
-                record.first_token = token.time
-            elif token.gap is not None:
-                record.gaps.append(token.gap)
-            if token.finished:
-                record.finished = token.time
-                if record.cls is TrafficClass.BATCH:
-                    self.on_batch_done(token.time)
-
-    def result(self, name: str, workload: MixedWorkload) -> ArmResult:
-        lo, hi = workload.warmup_s, workload.duration_s
-        chats = [
-            r
-            for r in self.records.values()
-            if r.cls is TrafficClass.INTERACTIVE and lo <= r.arrival < hi and r.finished
-        ]
-        ttft = [r.first_token - r.arrival for r in chats if r.first_token is not None]
-        done = [r.finished - r.arrival for r in chats if r.finished is not None]
-        gaps = [g for r in chats for g in r.gaps]
-        docs = [
-            r
-            for r in self.records.values()
-            if r.cls is TrafficClass.BATCH and r.finished is not None and lo <= r.finished < hi
-        ]
-        return ArmResult(
-            name=name,
-            ttft_p50=percentile(ttft, 0.50),
-            ttft_p95=percentile(ttft, 0.95),
-            ttft_p99=percentile(ttft, 0.99),
-            gap_p95=percentile(gaps, 0.95),
-            chat_done_p50=percentile(done, 0.50),
-            chat_done_p95=percentile(done, 0.95),
-            chats=len(chats),
-            batch_docs_per_hour=len(docs) / (hi - lo) * 3600,
-        )
+def _summarise(records: dict[str, RequestRecord], name: str, workload: MixedWorkload) -> ArmResult:
+    """The arm's figures over the measured window (after warm-up, before the end)."""
+    lo, hi = workload.warmup_s, workload.duration_s
+    chats = [
+        r
+        for r in records.values()
+        if r.cls is TrafficClass.INTERACTIVE and lo <= r.arrival < hi and r.finished
+    ]
+    ttft = [r.first_token - r.arrival for r in chats if r.first_token is not None]
+    done = [r.finished - r.arrival for r in chats if r.finished is not None]
+    gaps = [g for r in chats for g in r.gaps]
+    docs = [
+        r
+        for r in records.values()
+        if r.cls is TrafficClass.BATCH and r.finished is not None and lo <= r.finished < hi
+    ]
+    return ArmResult(
+        name=name,
+        ttft_p50=percentile(ttft, 0.50),
+        ttft_p95=percentile(ttft, 0.95),
+        ttft_p99=percentile(ttft, 0.99),
+        gap_p95=percentile(gaps, 0.95),
+        chat_done_p50=percentile(done, 0.50),
+        chat_done_p95=percentile(done, 0.95),
+        chats=len(chats),
+        batch_docs_per_hour=len(docs) / (hi - lo) * 3600,
+    )
 
 
 Submit = Callable[[float, str, TrafficClass, list[int], int], None]
 
 
-def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: _Recorder, submit: Submit) -> None:
+def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: Recorder, submit: Submit) -> None:
     """Schedule the chat arrivals and the batch job's closed loop."""
     rng = random.Random(workload.seed)
     ids = iter(range(10**9))
@@ -128,14 +117,18 @@ def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: _Recorder, submi
 
     def send(t: float, cls: TrafficClass, prompt: int, answer: int) -> None:
         rid = f"{cls.value}-{next(ids)}"
-        rec.records[rid] = _Record(cls, t)
+        rec.records[rid] = RequestRecord(cls, t)
         submit(t, rid, cls, tokens(prompt), answer)
 
     def next_doc(t: float) -> None:
         if t < workload.duration_s:
             send(t, TrafficClass.BATCH, workload.batch_doc_tokens, workload.batch_answer_tokens)
 
-    rec.on_batch_done = next_doc
+    def on_finished(record: RequestRecord, t: float) -> None:
+        if record.cls is TrafficClass.BATCH:
+            next_doc(t)
+
+    rec.on_finished = on_finished
     for _ in range(workload.batch_concurrency):
         runner.call_at(0.0, next_doc)
     t = 0.0
@@ -162,18 +155,16 @@ def run_direct(
     clock = VirtualClock()
     engine = SimEngine(config, cost, clock)
     runner = VirtualRunner(engine, clock)
-    rec = _Recorder()
+    rec = Recorder()
     runner.listeners.append(rec.listen)
 
     def submit(t: float, rid: str, cls: TrafficClass, prompt: list[int], answer: int) -> None:
-        priority = INTERACTIVE_PRIORITY if cls is TrafficClass.INTERACTIVE else BATCH_PRIORITY
-        if config.scheduling_policy is SchedulingPolicy.FCFS:
-            priority = 0
+        priority = engine_priority(config, cls)
         engine.add_request(prompt, answer, request_id=rid, priority=priority, arrival_time=t)
 
     _drive(workload, runner, rec, submit)
     runner.run()
-    return rec.result(name, workload)
+    return _summarise(rec.records, name, workload)
 
 
 def run_proxy(
@@ -184,48 +175,28 @@ def run_proxy(
     engine_settings: EngineSettings,
     scrape_interval_s: float = 1.0,
 ) -> tuple[ArmResult, Scheduler]:
-    """The same workload through the proxy's scheduler in front of one engine."""
+    """The same workload through the proxy's scheduler in front of one engine
+    (requests enter the engine with priority 0 under either policy); the engine's
+    load is scraped until the workload ends."""
     clock = VirtualClock()
-    engine = SimEngine(config, cost, clock)
-    runner = VirtualRunner(engine, clock)
-    scheduler = Scheduler([engine_settings], clock)
-    rec = _Recorder()
-    payloads: dict[str, tuple[list[int], int]] = {}
+    runner = VirtualRunner(SimEngine(config, cost, clock), clock)
+    rec = Recorder()
+    runner.listeners.append(rec.listen)  # timings first, then the scheduler's feedback
+    front = ProxyFront(
+        runner,
+        engine_settings,
+        scrape_interval_s=scrape_interval_s,
+        keep_scraping=lambda t: t < workload.duration_s,
+    )
     model = next(iter(engine_settings.models))
 
-    def pump() -> None:
-        for d in scheduler.dispatch():
-            prompt, answer = payloads.pop(d.job.id)
-            engine.add_request(prompt, answer, request_id=d.job.id)
-
-    def feed(_: SimEngine, result: StepResult) -> None:
-        for token in result.tokens:
-            rid = token.request.request_id
-            if token.is_first:
-                scheduler.on_first_token(rid)
-            elif token.gap is not None:
-                scheduler.on_token_gap(rid, token.gap)
-            if token.finished:
-                scheduler.on_finished(rid)
-        pump()
-
-    def scrape(t: float) -> None:
-        load = EngineLoad(engine.kv_cache_usage, engine.num_waiting, engine.num_running)
-        scheduler.observe_load(engine_settings.name, load)
-        pump()
-        if t < workload.duration_s:
-            runner.call_at(t + scrape_interval_s, scrape)
-
     def submit(t: float, rid: str, cls: TrafficClass, prompt: list[int], answer: int) -> None:
-        payloads[rid] = (prompt, answer)
-        scheduler.submit(Job(id=rid, cls=cls, model=model, prompt_tokens=len(prompt), arrival=t))
-        pump()
+        job = Job(id=rid, cls=cls, model=model, prompt_tokens=len(prompt), arrival=t)
+        front.submit(job, prompt, answer)
 
-    runner.listeners += [rec.listen, feed]
-    runner.call_at(0.0, scrape)
     _drive(workload, runner, rec, submit)
     runner.run()
-    return rec.result(name, workload), scheduler
+    return _summarise(rec.records, name, workload), front.scheduler
 
 
 def recommended_engine_flags(config: SchedulerConfig) -> SchedulerConfig:

@@ -3,6 +3,8 @@ in one chunk never holds the event loop."""
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import httpx
 import pytest
@@ -56,5 +58,5 @@ async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() 
         group.cancel_scope.cancel()
     assert len(seen) == BACKLOG + 1  # the pieces and the empty finishing chunk
     # The other task ran at least once between any two token events.
-    assert all(later > earlier for earlier, later in zip(seen, seen[1:], strict=False))
+    assert all(later > earlier for earlier, later in itertools.pairwise(seen))
     assert relay.stats.events == BACKLOG + 3  # with the usage chunk and [DONE]

@@ -1,0 +1,159 @@
+"""The baseline workload of ``shared/notes/vllm-cpu.md``: chat beside a batch job.
+
+One repetition:
+
+1. A chat stream starts (a ~60-token question, a 400-token answer).
+2. Once it is running (its first tokens arrived), eight batch prompts of ~5,300
+   tokens each are submitted at once, each a different passage of real text.
+3. Three new short chat requests (16-token answers) arrive 0.5, 1.0 and 1.5 s after
+   the batch.
+4. The repetition ends when every answer is whole.
+
+Chat goes to ``chat_url`` and batch to ``batch_url``: the engine's own
+``/v1/...`` routes when the engine is used directly, the proxy's ``/v1/...`` and
+``/batch/v1/...`` routes through the proxy. Under the engine's priority policy,
+chat requests carry priority -10 and batch 0 (lower runs first in vLLM).
+Every prompt is unique from its first token (see :mod:`loadtests.corpus`), so the
+engine's prefix cache never skips a prefill, in any repetition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loadtests.client import Record, stream
+from loadtests.corpus import Prompt, Tokenizer, corpus, sized_prompt
+
+CHAT_PRIORITY = -10
+BATCH_PRIORITY = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    running_answer_tokens: int = 400
+    batch_prompts: int = 8
+    batch_prompt_tokens: int = 5300
+    batch_answer_tokens: int = 32
+    new_chats_after_s: tuple[float, ...] = (0.5, 1.0, 1.5)
+    new_chat_answer_tokens: int = 16
+    # The batch is submitted once the running stream has this many tokens.
+    running_tokens_before_batch: int = 10
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """One repetition's inputs: the same for every arm, unique across repetitions."""
+
+    running: list[dict[str, str]]
+    batch: list[Prompt]
+    new_chats: list[list[dict[str, str]]]
+
+
+QUESTIONS = (
+    "What does the with statement guarantee when the block raises, and why?",
+    "How do I read a file line by line without loading all of it?",
+    "Why is my default argument list shared between calls?",
+    "When should I use a generator instead of a list?",
+)
+
+
+def prepare(tokenizer: Tokenizer, workload: Workload, repetition: int) -> Prompts:
+    """The prompts of repetition ``repetition`` (0 is the cold one), sized by the
+    engine's tokenizer; passages rotate through the corpus from one repetition to
+    the next."""
+    stride = len(corpus()) // (workload.batch_prompts * 3 + 1)
+    batch = [
+        sized_prompt(
+            tokenizer,
+            f"Batch document {i + 1} of repetition {repetition}. Summarise it.",
+            (repetition * workload.batch_prompts + i) * stride,
+            workload.batch_prompt_tokens,
+        )
+        for i in range(workload.batch_prompts)
+    ]
+    running = [
+        {"role": "system", "content": f"Conversation {repetition}-0. Answer at length."},
+        {"role": "user", "content": QUESTIONS[0] + " Walk me through an example."},
+    ]
+    new_chats = [
+        [{"role": "user", "content": f"Chat {repetition}-{i + 1}: {q}"}]
+        for i, q in enumerate(QUESTIONS[1 : 1 + len(workload.new_chats_after_s)])
+    ]
+    return Prompts(running, batch, new_chats)
+
+
+def _priority(body: dict[str, Any], priority: int | None) -> dict[str, Any]:
+    return body if priority is None else {**body, "priority": priority}
+
+
+async def run_once(
+    http: httpx.AsyncClient,
+    chat_url: str,
+    batch_url: str,
+    prompts: Prompts,
+    workload: Workload,
+    *,
+    model: str,
+    priorities: bool,
+    tag: str,
+) -> tuple[list[Record], float]:
+    """One repetition; returns every request's record and the time the batch was
+    submitted."""
+    chat_priority = CHAT_PRIORITY if priorities else None
+    batch_priority = BATCH_PRIORITY if priorities else None
+    chat = f"{chat_url}/chat/completions"
+    running = Record(
+        f"{tag}-running", "running", chat, 0, workload.running_answer_tokens, time.monotonic()
+    )
+    running_body = {
+        "model": model,
+        "messages": prompts.running,
+        "max_tokens": workload.running_answer_tokens,
+        "temperature": 0,
+    }
+    tasks = [asyncio.create_task(stream(http, running, _priority(running_body, chat_priority)))]
+    while len(running.token_times) < workload.running_tokens_before_batch:
+        if tasks[0].done():
+            raise RuntimeError(f"the running chat ended early: {running.error}")
+        await asyncio.sleep(0.005)
+    batch_at = time.monotonic()
+    records = [running]
+    for i, prompt in enumerate(prompts.batch):
+        record = Record(
+            f"{tag}-batch-{i}",
+            "batch",
+            f"{batch_url}/completions",
+            prompt.tokens,
+            workload.batch_answer_tokens,
+            batch_at,
+        )
+        body = {
+            "model": model,
+            "prompt": prompt.text,
+            "max_tokens": workload.batch_answer_tokens,
+            "temperature": 0,
+        }
+        records.append(record)
+        tasks.append(asyncio.create_task(stream(http, record, _priority(body, batch_priority))))
+    for i, (after, messages) in enumerate(
+        zip(workload.new_chats_after_s, prompts.new_chats, strict=True)
+    ):
+        await asyncio.sleep(max(0.0, batch_at + after - time.monotonic()))
+        record = Record(
+            f"{tag}-new-{i}", "new", chat, 0, workload.new_chat_answer_tokens, time.monotonic()
+        )
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": workload.new_chat_answer_tokens,
+            "temperature": 0,
+        }
+        records.append(record)
+        tasks.append(asyncio.create_task(stream(http, record, _priority(body, chat_priority))))
+    await asyncio.gather(*tasks)
+    return records, batch_at

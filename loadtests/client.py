@@ -1,0 +1,109 @@
+"""A streaming OpenAI client that times what a user sees: every request is streamed
+(with ``include_usage``) and every content chunk's arrival is recorded.
+
+Times are ``time.monotonic()`` seconds, the same clock in every process on the
+machine, so they can be set against another process's (:mod:`loadtests.stalls`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Record:
+    """One request's life as the client saw it, with its answer kept."""
+
+    id: str
+    kind: str  # "running", "new" (chat) or "batch"
+    url: str
+    prompt_tokens_sent: int
+    max_tokens: int
+    sent_at: float
+    headers_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished_at: float | None = None
+    status: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    proxy_queue_ms: float | None = None
+    engine: str | None = None
+    error: str | None = None
+    text: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.sent_at if self.token_times else None
+
+    @property
+    def done(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.sent_at
+
+    @property
+    def worst_gap(self) -> float:
+        times = self.token_times
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+    @property
+    def valid(self) -> bool:
+        """A whole answer: status 200, no error, ended by length at exactly
+        ``max_tokens`` tokens (the model never stops on its own)."""
+        return (
+            self.status == 200
+            and self.error is None
+            and self.finish_reason == "length"
+            and self.completion_tokens == self.max_tokens
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(ttft=self.ttft, done=self.done, worst_gap=self.worst_gap, valid=self.valid)
+        return out
+
+
+async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) -> Record:
+    """POST ``body`` (streamed, with usage) to ``record.url`` and fill in ``record``."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    record.sent_at = time.monotonic()
+    try:
+        async with http.stream("POST", record.url, json=body) as response:
+            record.headers_at = time.monotonic()
+            record.status = response.status_code
+            record.engine = response.headers.get("x-whoseturn-engine")
+            queued = response.headers.get("x-whoseturn-queue-ms")
+            record.proxy_queue_ms = float(queued) if queued is not None else None
+            if response.status_code != 200:
+                record.error = (await response.aread()).decode(errors="replace")[:500]
+                return record
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    _event(record, json.loads(line.removeprefix("data: ")), time.monotonic())
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.finished_at = time.monotonic()
+    return record
+
+
+def _event(record: Record, data: dict[str, Any], now: float) -> None:
+    if "error" in data:
+        record.error = json.dumps(data["error"])[:500]
+    usage = data.get("usage")
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.completion_tokens = usage.get("completion_tokens")
+    for choice in data.get("choices") or []:
+        piece = choice.get("text")
+        if piece is None:
+            piece = (choice.get("delta") or {}).get("content")
+        if piece:
+            record.token_times.append(now)
+            record.text += piece
+        if choice.get("finish_reason"):
+            record.finish_reason = choice["finish_reason"]

@@ -1,0 +1,492 @@
+"""Chat beside a batch job on real vLLM: three ways of running the engine alone, and
+the proxy in front of it, in one run (issue #5).
+
+Usage: ``python -m loadtests.compare [--repeats N] [--out DIR]`` (``make compare``).
+
+Arms, each on a fresh vLLM server (the CPU build, the small model):
+
+- **direct FCFS**: vLLM's defaults (chunked prefill, 2,048-token steps);
+- **direct priority**: ``--scheduling-policy priority``, chat -10, batch 0;
+- **direct 512-token steps**: ``--max-num-batched-tokens 512``;
+- **proxy**: ``whoseturn serve`` in its own process in front of vLLM started with the
+  flag the README recommends beside the proxy, ``--long-prefill-token-threshold 256``;
+  chat on the proxy's ``/v1``, batch on its ``/batch/v1``.
+
+Following the method of ``shared/seed``: everything but the arm is pinned (model,
+tokenizer, prompts, sampling, workload); each arm runs one cold repetition on its
+fresh server, reported apart, then ``repeats`` warm ones; every answer is kept and
+checked (a valid record is a whole answer of exactly ``max_tokens``); the run is
+recorded phase by phase (proxy queue wait, the engine's own queue and prefill time,
+time to first token, completion) with tail percentiles, and with the operating
+system's view: the engine's peak memory and the machine's own stops
+(:mod:`loadtests.stalls`). A warm repetition during which the machine stopped for
+longer than ``MAX_STALL_S`` is set aside and run again (up to ``EXTRA_TRIES`` times
+per arm); the set-aside ones are kept in the records, marked.
+
+Writes ``records.jsonl`` (every request, with its answer), ``summary.json`` and
+``table.md`` under ``--out`` and prints the table and the verdict on the bar of
+issue #5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from loadtests.baseline import Prompts, Workload, prepare, run_once
+from loadtests.client import Record
+from loadtests.corpus import Tokenizer
+from loadtests.stalls import StallWatch
+from loadtests.vllm import MODEL_NAME, REPO, free_port, start_vllm
+
+logger = logging.getLogger(__name__)
+
+MAX_STALL_S = 0.25
+EXTRA_TRIES = 3
+SETTLE_S = 1.0
+RECOMMENDED_FLAGS = ("--long-prefill-token-threshold", "256")
+
+
+@dataclass(frozen=True)
+class Arm:
+    key: str
+    name: str
+    flags: tuple[str, ...]
+    via_proxy: bool = False
+    priorities: bool = False
+
+
+ARMS = (
+    Arm("fcfs", "direct, FCFS (vLLM defaults)", ()),
+    Arm(
+        "priority",
+        "direct, engine priority (chat -10)",
+        ("--scheduling-policy", "priority"),
+        priorities=True,
+    ),
+    Arm("budget512", "direct, 512-token steps", ("--max-num-batched-tokens", "512")),
+    Arm(
+        "proxy",
+        "through the proxy, --long-prefill-token-threshold 256",
+        RECOMMENDED_FLAGS,
+        via_proxy=True,
+    ),
+)
+
+
+@dataclass
+class Repetition:
+    arm: str
+    index: int  # 0 is the cold one
+    batch_at: float
+    records: list[Record]
+    stalls: list[float]
+    engine_queue_s: float | None
+    engine_prefill_s: float | None
+    set_aside: bool = False
+
+    @property
+    def cold(self) -> bool:
+        return self.index == 0
+
+    def of(self, kind: str) -> list[Record]:
+        return [r for r in self.records if r.kind == kind]
+
+    @property
+    def batch_done_s(self) -> float:
+        ends = [r.finished_at for r in self.of("batch") if r.finished_at is not None]
+        return max(ends) - self.batch_at if ends else float("nan")
+
+
+@dataclass
+class ArmResult:
+    arm: Arm
+    command: str
+    ready_after_s: float
+    peak_rss_bytes: int = 0
+    repetitions: list[Repetition] = field(default_factory=list)
+
+    @property
+    def warm(self) -> list[Repetition]:
+        return [r for r in self.repetitions if not r.cold and not r.set_aside]
+
+    def values(self, kind: str, what: str) -> list[float]:
+        out = []
+        for rep in self.warm:
+            for record in rep.of(kind):
+                value = getattr(record, what)
+                if value is not None:
+                    out.append(float(value))
+        return out
+
+
+# -- running ------------------------------------------------------------------------
+
+
+@contextmanager
+def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
+    """``whoseturn serve`` in its own process in front of ``engine_url``; yields its URL."""
+    port = free_port()
+    config = {
+        "port": port,
+        "scrape_interval_s": 0.5,
+        "health_interval_s": 1.0,
+        "engines": [{"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}],
+    }
+    path = out / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = (out / "proxy.log").open("ab")
+    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "serve"]
+    process = subprocess.Popen([*command, "--config", str(path)], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=2) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the proxy did not start; see {out / 'proxy.log'}")
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def engine_totals(http: httpx.Client) -> dict[str, float]:
+    """Sums and counts of vLLM's queue-time and prefill-time histograms."""
+    totals: dict[str, float] = {}
+    for line in http.get("/metrics").text.splitlines():
+        for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"):
+            for suffix in ("_sum", "_count"):
+                if line.startswith(name + suffix + "{") or line.startswith(name + suffix + " "):
+                    key = name + suffix
+                    totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def _mean_delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+    if count <= 0:
+        return None
+    return (after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / count
+
+
+def wait_idle(http: httpx.Client, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = http.get("/metrics").text
+        busy = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        ]
+        if not any(busy):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the engine did not go idle")
+
+
+def run_arm(
+    arm: Arm,
+    index: int,
+    prompts: list[Prompts],
+    repeats: int,
+    workload: Workload,
+    watch: StallWatch,
+    out: Path,
+) -> ArmResult:
+    """Start the arm's engine, run the cold repetition and the warm ones. The first
+    arm's engine sizes the prompts (into ``prompts``); every arm sends the same."""
+    engine = start_vllm(arm.flags, out, index=index)
+    result = ArmResult(arm, engine.command, engine.ready_after_s)
+    logger.info("%s: vLLM ready in %.1f s", arm.key, engine.ready_after_s)
+    try:
+        with httpx.Client(base_url=engine.base_url, timeout=30) as control:
+            if not prompts:
+                tokenizer = Tokenizer(control, MODEL_NAME)
+                sets = repeats + 1 + EXTRA_TRIES
+                prompts.extend(prepare(tokenizer, workload, rep) for rep in range(sets))
+            if arm.via_proxy:
+                with serve_proxy(engine.base_url, out) as url:
+                    _repetitions(result, url + "/v1", url + "/batch/v1", prompts, repeats,
+                                 workload, watch, control)  # fmt: skip
+            else:
+                base = engine.base_url + "/v1"
+                _repetitions(result, base, base, prompts, repeats, workload, watch, control)
+        result.peak_rss_bytes = engine.peak_rss_bytes()
+    finally:
+        engine.stop()
+    return result
+
+
+def _repetitions(
+    result: ArmResult,
+    chat_url: str,
+    batch_url: str,
+    prompts: Sequence[Prompts],
+    repeats: int,
+    workload: Workload,
+    watch: StallWatch,
+    control: httpx.Client,
+) -> None:
+    # Sets 0..repeats are every arm's cold and warm repetitions; the sets after them
+    # are spares for repetitions run again (a prompt sent twice would be cached).
+    planned = list(range(repeats + 1))
+    spares = list(range(repeats + 1, len(prompts)))
+    extra = 0
+    while planned:
+        index = planned.pop(0)
+        wait_idle(control)
+        time.sleep(SETTLE_S)
+        before = engine_totals(control)
+        start = time.monotonic()
+        records, batch_at = asyncio.run(
+            _one(chat_url, batch_url, prompts[index], workload, result.arm, index)
+        )
+        end = time.monotonic()
+        after = engine_totals(control)
+        rep = Repetition(
+            result.arm.key,
+            index,
+            batch_at,
+            records,
+            watch.between(start, end),
+            _mean_delta(before, after, "vllm:request_queue_time_seconds"),
+            _mean_delta(before, after, "vllm:request_prefill_time_seconds"),
+        )
+        stalled = max(rep.stalls, default=0.0)
+        if index > 0 and stalled > MAX_STALL_S and extra < EXTRA_TRIES and spares:
+            rep.set_aside = True
+            extra += 1
+            planned.append(spares.pop(0))
+            logger.warning(
+                "%s repetition %d: the machine stopped for %.2f s; run again",
+                result.arm.key, index, stalled,
+            )  # fmt: skip
+        result.repetitions.append(rep)
+        logger.info(
+            "%s rep %d: new chat TTFT %s s, batch done %.1f s, worst stall %.2f s",
+            result.arm.key,
+            index,
+            ", ".join(f"{r.ttft:.2f}" for r in rep.of("new") if r.ttft is not None),
+            rep.batch_done_s,
+            stalled,
+        )
+
+
+async def _one(
+    chat_url: str, batch_url: str, prompts: Prompts, workload: Workload, arm: Arm, index: int
+) -> tuple[list[Record], float]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    timeout = httpx.Timeout(10.0, read=300.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http:
+        return await run_once(
+            http, chat_url, batch_url, prompts, workload,
+            model=MODEL_NAME, priorities=arm.priorities, tag=f"{arm.key}-{index}",
+        )  # fmt: skip
+
+
+# -- reporting ----------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, -(-round(q * len(ordered) * 1e9) // int(1e9)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def summarize(result: ArmResult) -> dict[str, Any]:
+    warm = result.warm
+    batch_done = [rep.batch_done_s for rep in warm]
+    records = [r for rep in warm for r in rep.records]
+    queue = result.values("new", "proxy_queue_ms")
+    return {
+        "arm": result.arm.key,
+        "name": result.arm.name,
+        "command": result.command,
+        "ready_after_s": result.ready_after_s,
+        "warm_repetitions": len(warm),
+        "set_aside": sum(1 for r in result.repetitions if r.set_aside),
+        "new_chat_ttft_p50": pct(result.values("new", "ttft"), 0.5),
+        "new_chat_ttft_p95": pct(result.values("new", "ttft"), 0.95),
+        "new_chat_done_p50": pct(result.values("new", "done"), 0.5),
+        "new_chat_done_p95": pct(result.values("new", "done"), 0.95),
+        "running_worst_gap": max(result.values("running", "worst_gap"), default=float("nan")),
+        "running_ttft_p50": pct(result.values("running", "ttft"), 0.5),
+        "batch_ttft_p50": pct(result.values("batch", "ttft"), 0.5),
+        "batch_ttft_p95": pct(result.values("batch", "ttft"), 0.95),
+        "batch_done_median": statistics.median(batch_done) if batch_done else float("nan"),
+        "batch_done_max": max(batch_done, default=float("nan")),
+        "new_chat_proxy_queue_ms_p95": pct(queue, 0.95) if queue else None,
+        "engine_queue_mean_s": _mean([r.engine_queue_s for r in warm]),
+        "engine_prefill_mean_s": _mean([r.engine_prefill_s for r in warm]),
+        "valid": sum(r.valid for r in records),
+        "requests": len(records),
+        "peak_rss_gib": result.peak_rss_bytes / 2**30,
+        "worst_stall_s": max((s for rep in warm for s in rep.stalls), default=0.0),
+        "cold": _cold(result),
+    }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def _cold(result: ArmResult) -> dict[str, float] | None:
+    cold = next((r for r in result.repetitions if r.cold), None)
+    if cold is None:
+        return None
+    ttft = [r.ttft for r in cold.of("new") if r.ttft is not None]
+    return {"new_chat_ttft_max": max(ttft, default=float("nan")), "batch_done": cold.batch_done_s}
+
+
+def seconds(value: float) -> str:
+    return f"{value * 1000:,.0f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def table(summaries: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| arm | new chat TTFT p50 / p95 | new chat done p50 / p95 | running stream worst gap "
+        "| batch done (median) | batch TTFT p50 / p95 | valid answers |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        lines.append(
+            f"| {s['name']} | {seconds(s['new_chat_ttft_p50'])} / {seconds(s['new_chat_ttft_p95'])}"
+            f" | {seconds(s['new_chat_done_p50'])} / {seconds(s['new_chat_done_p95'])}"
+            f" | {seconds(s['running_worst_gap'])} | {seconds(s['batch_done_median'])}"
+            f" | {seconds(s['batch_ttft_p50'])} / {seconds(s['batch_ttft_p95'])}"
+            f" | {s['valid']}/{s['requests']} |"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Check:
+    what: str
+    value: float
+    bar: float
+    met: bool
+
+
+def verdict(summaries: Sequence[dict[str, Any]]) -> list[Check]:
+    """The bar of issue #5, from the warm repetitions."""
+    by = {s["arm"]: s for s in summaries}
+    proxy, fcfs, small = by["proxy"], by["fcfs"], by["budget512"]
+    checks = []
+    for column, label in (("new_chat_ttft_p95", "TTFT p95"), ("new_chat_done_p95", "done p95")):
+        for key in ("fcfs", "priority", "budget512"):
+            ratio = by[key][column] / proxy[column]
+            bar = 5.0 if key == "fcfs" else 1.0
+            checks.append(Check(f"new chat {label}: {key} / proxy", ratio, bar, ratio > bar))
+    gap = proxy["running_worst_gap"] / small["running_worst_gap"]
+    checks.append(Check("running worst gap: proxy / 512-token steps", gap, 1.25, gap <= 1.25))
+    batch = proxy["batch_done_median"] / fcfs["batch_done_median"]
+    checks.append(Check("batch done: proxy / FCFS", batch, 1.2, batch <= 1.2))
+    checks.append(
+        Check("valid answers, all arms", sum(s["valid"] for s in summaries),
+              sum(s["requests"] for s in summaries),
+              all(s["valid"] == s["requests"] for s in summaries))
+    )  # fmt: skip
+    return checks
+
+
+def render_verdict(checks: Sequence[Check]) -> str:
+    lines = []
+    for c in checks:
+        mark = "met" if c.met else "MISSED"
+        if c.what.startswith("valid"):
+            lines.append(f"- {c.what}: {c.value:.0f} of {c.bar:.0f}: {mark}")
+        elif "/ proxy" in c.what:
+            lines.append(f"- {c.what} = {c.value:.1f}x (bar > {c.bar:g}x): {mark}")
+        else:
+            lines.append(f"- {c.what} = {c.value:.2f} (bar <= {c.bar:g}): {mark}")
+    return "\n".join(lines)
+
+
+# -- the command --------------------------------------------------------------------
+
+
+def run(
+    repeats: int, out: Path, arms: Sequence[Arm] = ARMS, workload: Workload | None = None
+) -> tuple[list[dict[str, Any]], list[Check]]:
+    workload = workload or Workload()
+    out.mkdir(parents=True, exist_ok=True)
+    watch = StallWatch().start()
+    prompts: list[Prompts] = []
+    results: list[ArmResult] = []
+    try:
+        for index, arm in enumerate(arms):
+            results.append(run_arm(arm, index, prompts, repeats, workload, watch, out))
+    finally:
+        watch.stop()
+    with (out / "records.jsonl").open("w") as f:
+        for result in results:
+            for rep in result.repetitions:
+                for record in rep.records:
+                    row = {"arm": result.arm.key, "repetition": rep.index, "cold": rep.cold,
+                           "set_aside": rep.set_aside, "batch_at": rep.batch_at,
+                           **record.to_json()}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+    summaries = [summarize(r) for r in results]
+    checks = verdict(summaries) if {a.key for a in arms} >= {"fcfs", "budget512", "proxy"} else []
+    meta = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "repeats": repeats,
+        "workload": workload.__dict__,
+        "stalls": watch.stalls,
+        "checks": [c.__dict__ for c in checks],
+    }
+    (out / "summary.json").write_text(json.dumps({"meta": meta, "arms": summaries}, indent=2))
+    text = table(summaries) + "\n\n" + render_verdict(checks) + "\n"
+    (out / "table.md").write_text(text)
+    return summaries, checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.compare", description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3, help="warm repetitions per arm")
+    parser.add_argument("--out", type=Path, default=REPO / "artifacts" / "compare")
+    parser.add_argument("--arms", default=",".join(a.key for a in ARMS))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    arms = [a for a in ARMS if a.key in args.arms.split(",")]
+    summaries, checks = run(args.repeats, args.out, arms)
+    print(table(summaries))
+    print()
+    print(render_verdict(checks))
+    print(f"\nrecords, summary and table under {args.out}")
+    return 0 if all(c.met for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

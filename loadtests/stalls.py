@@ -1,0 +1,70 @@
+"""A watch on the machine itself: how long a process that asked to wake every 10 ms
+was kept from running.
+
+On the small virtual machines this project runs on, the whole machine now and then
+stops for seconds (every process at once, the engine included). A latency measured
+across such a stop measures the machine, not the scheduling, so the harness runs
+this watch in its own process (``python -m loadtests.stalls``) and sets each
+repetition against the stops seen during it. Each stop longer than the threshold is
+printed as ``<monotonic start> <seconds>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+TICK_S = 0.010
+THRESHOLD_S = 0.100
+
+
+def watch(threshold_s: float = THRESHOLD_S) -> None:
+    """Print every stop longer than ``threshold_s`` until killed."""
+    last = time.monotonic()
+    while True:
+        time.sleep(TICK_S)
+        now = time.monotonic()
+        if now - last - TICK_S > threshold_s:
+            print(f"{last:.6f} {now - last - TICK_S:.6f}", flush=True)
+        last = now
+
+
+@dataclass
+class StallWatch:
+    """``python -m loadtests.stalls`` as a child process, its reports collected."""
+
+    stalls: list[tuple[float, float]] = field(default_factory=list)
+    _process: subprocess.Popen[str] | None = None
+    _reader: threading.Thread | None = None
+
+    def start(self) -> StallWatch:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "loadtests.stalls"], stdout=subprocess.PIPE, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            start, seconds = line.split()
+            self.stalls.append((float(start), float(seconds)))
+
+    def between(self, start: float, end: float) -> list[float]:
+        """The lengths of the stops that overlap ``[start, end]``."""
+        return [s for at, s in list(self.stalls) if at < end and at + s > start]
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(5)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        watch(float(sys.argv[1]) if len(sys.argv) > 1 else THRESHOLD_S)

@@ -1,0 +1,201 @@
+"""Real vLLM (the CPU build) as a child process: start it with given flags, wait until
+it is ready, read its process tree's memory, stop it.
+
+The server runs ``python -m vllm.entrypoints.openai.api_server`` from its own virtual
+environment (``.venv-vllm``, built by ``make vllm-venv``) on the small model that
+``e2e/build_tiny_model.py`` builds (``make tiny-model``); nothing here imports vllm or
+torch. Its output goes to a log file. It is ready once ``/health`` answers 200: the
+first start on a machine compiles, later ones reuse vLLM's cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_NAME = "tiny"
+READY_TIMEOUT_S = float(os.environ.get("WHOSETURN_E2E_READY_TIMEOUT_S", "180"))
+STOP_TIMEOUT_S = 30.0
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+BASE_FLAGS = (
+    "--served-model-name",
+    MODEL_NAME,
+    "--dtype",
+    "bfloat16",
+    "--max-model-len",
+    "8192",
+)
+_PR_SET_PDEATHSIG = 1
+
+
+class VllmNotBuilt(RuntimeError):
+    """``.venv-vllm`` or the model is missing: ``make vllm-venv tiny-model`` builds both."""
+
+
+def _from_env(name: str, default: str) -> Path:
+    path = Path(os.environ.get(name) or default)
+    return path if path.is_absolute() else REPO / path
+
+
+def vllm_python() -> Path:
+    """``$WHOSETURN_E2E_VLLM_PYTHON``, else ``.venv-vllm/bin/python``."""
+    return _from_env("WHOSETURN_E2E_VLLM_PYTHON", ".venv-vllm/bin/python")
+
+
+def model_dir() -> Path:
+    """``$WHOSETURN_E2E_MODEL``, else ``.cache/tiny-model``."""
+    return _from_env("WHOSETURN_E2E_MODEL", ".cache/tiny-model")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class VllmProcess:
+    """One running vLLM API server."""
+
+    flags: tuple[str, ...]
+    base_url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    ready_after_s: float = 0.0
+
+    @property
+    def command(self) -> str:
+        """The launch command, as a person would type it (model path shortened)."""
+        return " ".join(
+            [
+                "python -m vllm.entrypoints.openai.api_server --model .cache/tiny-model",
+                *list(BASE_FLAGS + self.flags),
+            ]
+        )
+
+    def peak_rss_bytes(self) -> int:
+        """The summed peak resident memory (``VmHWM``) of the server's processes: the
+        API server, its engine core and workers."""
+        total = 0
+        for pid in _group_pids(self.process.pid):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
+    def stop(self) -> None:
+        """``SIGTERM`` the process group, ``SIGKILL`` what is left after the grace."""
+        _signal_group(self.process, signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process, signal.SIGKILL)
+            self.process.wait(10)
+        _signal_group(self.process, signal.SIGKILL)  # orphaned children, if any
+
+
+def start_vllm(flags: tuple[str, ...], log_dir: Path, *, index: int = 0) -> VllmProcess:
+    """Start one server with ``flags`` on a free loopback port and wait until it is
+    ready; raises with its log's tail if it exits or is not ready within
+    ``READY_TIMEOUT_S``."""
+    python, model = vllm_python(), model_dir()
+    if not python.exists() or not (model / "config.json").exists():
+        raise VllmNotBuilt(f"need {python} and {model}: run `make vllm-venv tiny-model`")
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", " ".join(flags).lower()).strip("-") or "default"
+    log_path = log_dir / f"vllm-{index:02d}-{slug}.log"
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    command += [*BASE_FLAGS, "--host", "127.0.0.1", "--port", str(port), *flags]
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ENGINE_ENV},
+            cwd=REPO,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    atexit.register(_kill_if_running, process)
+    server = VllmProcess(flags, f"http://127.0.0.1:{port}", port, process, log_path)
+    try:
+        _wait_healthy(server)
+    except BaseException:
+        server.stop()
+        raise
+    server.ready_after_s = time.monotonic() - started
+    return server
+
+
+def _wait_healthy(server: VllmProcess) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(base_url=server.base_url, timeout=2) as http:
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited ({server.process.returncode}) before it was ready; "
+                    f"{server.log_path}:\n{tail(server.log_path)}"
+                )
+            with contextlib.suppress(httpx.TransportError):
+                if http.get("/health").status_code == 200:
+                    return
+            time.sleep(0.5)
+    raise RuntimeError(
+        f"vLLM not ready within {READY_TIMEOUT_S:.0f} s; {server.log_path}:\n"
+        f"{tail(server.log_path)}"
+    )
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                # the fields after the parenthesised command: state, ppid, pgrp, ...
+                if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _kill_if_running(process: subprocess.Popen[bytes]) -> None:
+    """At exit, for a server that no teardown stopped."""
+    if process.poll() is None:
+        _signal_group(process, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child: ``SIGTERM`` the server if its parent dies without teardown."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
