@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model
+.PHONY: help test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
 # headless Chromium (status page).
@@ -19,6 +19,7 @@ help:
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
+	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,13 @@ tiny-model: $(MODEL_STAMP)
 test-e2e: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
+
+# The baseline comparison on real vLLM, then the simulator's replay of it (fidelity).
+COMPARE_OUT ?= artifacts/compare
+compare: $(STAMP) $(MODEL_STAMP)
+	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
+	  $(BIN)/python -m loadtests.compare --repeats 3 --out $(COMPARE_OUT); status=$$?; \
+	$(BIN)/python -m loadtests.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
 
 interference: $(STAMP)
 	$(BIN)/whoseturn sim interference

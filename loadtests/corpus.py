@@ -64,12 +64,20 @@ def passage(start: int, chars: int) -> str:
 
 def sized_prompt(tokenizer: Tokenizer, header: str, start: int, tokens: int) -> Prompt:
     """``header`` then a passage from ``start``, cut so that the whole prompt has
-    ``tokens`` tokens or just under (within 0.5%)."""
-    chars = tokens * 3  # a first guess; the tokenizer corrects it
-    for _ in range(8):
+    ``tokens`` tokens or just under (within 0.5%), by bisection on its length."""
+    lo, hi = 0, tokens * 8  # characters; a token is at least one character
+    best: Prompt | None = None
+    for _ in range(40):
+        chars = (lo + hi) // 2
         text = f"{header}\n\n{passage(start, chars)}"
         count = tokenizer.count_prompt(text)
-        if tokens * 0.995 <= count <= tokens:
-            return Prompt(text, count)
-        chars = max(1, int(chars * (tokens - 0.002 * tokens) / count))
-    raise RuntimeError(f"could not size a prompt to {tokens} tokens (last {count})")
+        if count <= tokens:
+            best = Prompt(text, count)
+            if count >= tokens * 0.995:
+                return best
+            lo = chars + 1
+        else:
+            hi = chars - 1
+        if lo > hi:
+            break
+    raise RuntimeError(f"could not size a prompt to {tokens} tokens (best {best})")

@@ -1,0 +1,149 @@
+"""The simulator's fidelity: replay the real comparison on the simulated engine.
+
+Each warm repetition of a :mod:`loadtests.compare` run becomes a script — every
+request's arrival offset, class, prompt tokens (as vLLM counted them) and answer
+length — replayed by :func:`proxy.sim.replay.replay` with a fitted profile and the
+arm's engine flags (through the proxy's scheduler for the proxy arm). Time to first
+token is then set side by side per arm and class, p50 and p95 over the warm
+repetitions: real (at the client) against simulated. The bar of issue #5 is within
+30% of the real value.
+
+Usage: ``python -m loadtests.fidelity RECORDS.jsonl [--profile NAME_OR_PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.scheduler import TrafficClass
+from proxy.scheduler.budget import percentile
+from proxy.sim.profile import Profile, load_profile
+from proxy.sim.replay import ReplayArm, ScriptedRequest, replay
+from proxy.sim.settings import scheduler_config
+
+PROFILE = "vllm-cpu-tiny"
+BAR = 0.30
+CLASS_OF = {"running": TrafficClass.INTERACTIVE, "new": TrafficClass.INTERACTIVE}
+
+
+def arm_for(key: str, profile: Profile) -> ReplayArm:
+    """The engine flags (and the proxy, or not) of a comparison arm."""
+    if key == "fcfs":
+        return ReplayArm(name=key, config=scheduler_config(profile))
+    if key == "priority":
+        return ReplayArm(name=key, config=scheduler_config(profile, scheduling_policy="priority"))
+    if key == "budget512":
+        return ReplayArm(name=key, config=scheduler_config(profile, max_num_batched_tokens=512))
+    if key == "proxy":
+        config = scheduler_config(profile, long_prefill_token_threshold=256)
+        return ReplayArm(name=key, config=config, through_proxy=True)
+    raise ValueError(f"no arm {key!r}")
+
+
+@dataclass(frozen=True)
+class Row:
+    arm: str
+    cls: TrafficClass
+    real_p50: float
+    sim_p50: float
+    real_p95: float
+    sim_p95: float
+    samples: int
+
+    @property
+    def error_p50(self) -> float:
+        return self.sim_p50 / self.real_p50 - 1
+
+    @property
+    def error_p95(self) -> float:
+        return self.sim_p95 / self.real_p95 - 1
+
+    @property
+    def met(self) -> bool:
+        return abs(self.error_p50) <= BAR and abs(self.error_p95) <= BAR
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
+    """Replay every warm, kept repetition; real and simulated TTFT per arm and class."""
+    reps: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if not r["cold"] and not r["set_aside"]:
+            reps[(r["arm"], r["repetition"])].append(r)
+    real: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
+    sim: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
+    for (arm, _), rows in sorted(reps.items()):
+        start = min(r["sent_at"] for r in rows)
+        script = [
+            ScriptedRequest(
+                id=r["id"],
+                at_s=r["sent_at"] - start,
+                cls=CLASS_OF.get(r["kind"], TrafficClass.BATCH),
+                prompt_tokens=r["prompt_tokens"],
+                max_tokens=r["max_tokens"],
+            )
+            for r in rows
+        ]
+        for r, replayed in zip(
+            rows, replay(script, arm_for(arm, profile), profile.step), strict=True
+        ):
+            key = (arm, CLASS_OF.get(r["kind"], TrafficClass.BATCH))
+            if r["ttft"] is not None and replayed.ttft_s is not None:
+                real[key].append(r["ttft"])
+                sim[key].append(replayed.ttft_s)
+    return [
+        Row(
+            arm,
+            cls,
+            percentile(real[(arm, cls)], 0.5),
+            percentile(sim[(arm, cls)], 0.5),
+            percentile(real[(arm, cls)], 0.95),
+            percentile(sim[(arm, cls)], 0.95),
+            len(real[(arm, cls)]),
+        )
+        for arm, cls in real
+    ]
+
+
+def _s(value: float) -> str:
+    return f"{value * 1000:,.0f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = [
+        "| arm | class | TTFT p50 real / sim | error | TTFT p95 real / sim | error | within 30% |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.arm} | {r.cls.value} ({r.samples}) | {_s(r.real_p50)} / {_s(r.sim_p50)} "
+            f"| {r.error_p50:+.0%} | {_s(r.real_p95)} / {_s(r.sim_p95)} | {r.error_p95:+.0%} "
+            f"| {'yes' if r.met else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.fidelity", description=__doc__)
+    parser.add_argument("records", type=Path, help="records.jsonl of a comparison run")
+    parser.add_argument("--profile", default=PROFILE)
+    args = parser.parse_args(argv)
+    rows = compare(read_records(args.records), load_profile(args.profile))
+    text = table(rows)
+    print(text)
+    (args.records.parent / "fidelity.md").write_text(text + "\n")
+    return 0 if all(r.met for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

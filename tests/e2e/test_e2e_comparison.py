@@ -1,0 +1,47 @@
+"""The baseline comparison on real vLLM (``loadtests.compare``), run once, in CI.
+
+Four arms, each on its own fresh vLLM server: direct FCFS, direct with engine
+priority, direct with 512-token steps, and through the proxy (``whoseturn serve`` in
+its own process) with the engine flag the README recommends. The measured table and
+the verdict on the bar of issue #5 go to the terminal summary and to
+``artifacts/e2e/compare/``.
+
+The assertions compare arms of the same run with margins wider than the bar (the
+benchmark's own verdict reports the bar itself): two shared cores that now and then
+stop for a second make a tail statistic of three repetitions noisy, while a proxy
+that does not do its job misses these margins by an order of magnitude.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from loadtests.compare import ARMS, render_verdict, run, table
+from loadtests.vllm import READY_TIMEOUT_S, REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(len(ARMS) * (READY_TIMEOUT_S + 240))]
+
+REPEATS = 2
+OUT = REPO / "artifacts" / "e2e" / "compare"
+
+
+def test_the_proxy_beats_every_direct_arm_on_new_chat_latency(
+    vllm_fleet: Any, measured: Callable[[str], None]
+) -> None:
+    # The fleet's servers would compete for the two cores: stop them first.
+    vllm_fleet.stop_all()
+    summaries, checks = run(REPEATS, OUT, extra_tries=1)
+    for line in (table(summaries) + "\n" + render_verdict(checks)).splitlines():
+        measured(line)
+    by = {s["arm"]: s for s in summaries}
+    proxy = by["proxy"]
+    assert all(s["valid"] == s["requests"] for s in summaries), "every answer whole"
+    for column in ("new_chat_ttft_p95", "new_chat_done_p95"):
+        assert by["fcfs"][column] > 5 * proxy[column], column
+        assert by["budget512"][column] > 2 * proxy[column], column
+        assert by["priority"][column] > 1.5 * proxy[column], column
+    assert proxy["running_worst_gap_median"] < 2 * by["budget512"]["running_worst_gap_median"]
+    assert proxy["batch_done_median"] < 1.5 * by["fcfs"]["batch_done_median"]
