@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from loadtests.stalls import stopped_within
+
 
 @dataclass
 class Record:
@@ -51,6 +53,15 @@ class Record:
         times = self.token_times
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
+    def worst_gap_net(self, stops: list[tuple[float, float]]) -> float:
+        """The worst gap, each gap net of the time the machine was stopped within it
+        (``stops``: start, length, from :mod:`loadtests.stalls`)."""
+        times = self.token_times
+        return max(
+            (b - a - stopped_within(a, b, stops) for a, b in itertools.pairwise(times)),
+            default=0.0,
+        )
+
     @property
     def valid(self) -> bool:
         """A whole answer: status 200, no error, ended by length at exactly
@@ -85,7 +96,7 @@ async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) 
             async for line in response.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     _event(record, json.loads(line.removeprefix("data: ")), time.monotonic())
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
         record.error = f"{type(exc).__name__}: {exc}"
     record.finished_at = time.monotonic()
     return record

@@ -96,7 +96,7 @@ class Repetition:
     index: int  # 0 is the cold one
     batch_at: float
     records: list[Record]
-    stalls: list[float]
+    stall_spans: list[tuple[float, float]]
     engine_queue_s: float | None
     engine_prefill_s: float | None
     set_aside: bool = False
@@ -107,6 +107,10 @@ class Repetition:
 
     def of(self, kind: str) -> list[Record]:
         return [r for r in self.records if r.kind == kind]
+
+    @property
+    def stalls(self) -> list[float]:
+        return [length for _, length in self.stall_spans]
 
     @property
     def batch_done_s(self) -> float:
@@ -279,7 +283,7 @@ def _repetitions(
             index,
             batch_at,
             records,
-            watch.between(start, end),
+            watch.spans_between(start, end),
             _mean_delta(before, after, "vllm:request_queue_time_seconds"),
             _mean_delta(before, after, "vllm:request_prefill_time_seconds"),
         )
@@ -332,6 +336,7 @@ def summarize(result: ArmResult) -> dict[str, Any]:
     batch_done = [rep.batch_done_s for rep in warm]
     records = [r for rep in warm for r in rep.records]
     queue = result.values("new", "proxy_queue_ms")
+    net = [record.worst_gap_net(rep.stall_spans) for rep in warm for record in rep.of("running")]
     return {
         "arm": result.arm.key,
         "name": result.arm.name,
@@ -345,6 +350,8 @@ def summarize(result: ArmResult) -> dict[str, Any]:
         "new_chat_done_p95": pct(result.values("new", "done"), 0.95),
         "running_worst_gap": max(result.values("running", "worst_gap"), default=float("nan")),
         "running_worst_gap_median": _median(result.values("running", "worst_gap")),
+        "running_worst_gap_net": max(net, default=float("nan")),
+        "running_worst_gap_net_median": _median(net),
         "running_ttft_p50": pct(result.values("running", "ttft"), 0.5),
         "batch_ttft_p50": pct(result.values("batch", "ttft"), 0.5),
         "batch_ttft_p95": pct(result.values("batch", "ttft"), 0.95),
@@ -385,15 +392,17 @@ def seconds(value: float) -> str:
 def table(summaries: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| arm | new chat TTFT p50 / p95 | new chat done p50 / p95 "
-        "| running stream worst gap, median (max) | batch done, median | batch TTFT p50 / p95 "
-        "| valid answers |",
-        "|---|---|---|---|---|---|---|",
+        "| running stream worst gap, median (max) | same, net of machine stops "
+        "| batch done, median | batch TTFT p50 / p95 | valid answers |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
             f"| {s['name']} | {seconds(s['new_chat_ttft_p50'])} / {seconds(s['new_chat_ttft_p95'])}"
             f" | {seconds(s['new_chat_done_p50'])} / {seconds(s['new_chat_done_p95'])}"
             f" | {seconds(s['running_worst_gap_median'])} ({seconds(s['running_worst_gap'])})"
+            f" | {seconds(s['running_worst_gap_net_median'])}"
+            f" ({seconds(s['running_worst_gap_net'])})"
             f" | {seconds(s['batch_done_median'])}"
             f" | {seconds(s['batch_ttft_p50'])} / {seconds(s['batch_ttft_p95'])}"
             f" | {s['valid']}/{s['requests']} |"
@@ -419,9 +428,12 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[Check]:
             ratio = by[key][column] / proxy[column]
             bar = 5.0 if key == "fcfs" else 1.0
             checks.append(Check(f"new chat {label}: {key} / proxy", ratio, bar, ratio > bar))
-    # The worst gap of one repetition is a maximum: the median over repetitions keeps
-    # one stop of the machine from deciding it.
-    gap = proxy["running_worst_gap_median"] / small["running_worst_gap_median"]
+    # The worst gap of one repetition is a maximum, and on these machines it often
+    # spans a stop of the machine itself (seen by loadtests.stalls, in every arm, most
+    # often as the batch arrives): the bar is judged on each gap net of the time the
+    # machine was stopped within it, the median over repetitions.
+    key = "running_worst_gap_net_median"
+    gap = proxy[key] / small[key]
     checks.append(Check("running worst gap: proxy / 512-token steps", gap, 1.25, gap <= 1.25))
     batch = proxy["batch_done_median"] / fcfs["batch_done_median"]
     checks.append(Check("batch done: proxy / FCFS", batch, 1.2, batch <= 1.2))
@@ -472,7 +484,8 @@ def run(
                 for record in rep.records:
                     row = {"arm": result.arm.key, "repetition": rep.index, "cold": rep.cold,
                            "set_aside": rep.set_aside, "batch_at": rep.batch_at,
-                           "stalls": rep.stalls, "engine_queue_s": rep.engine_queue_s,
+                           "stall_spans": rep.stall_spans,
+                           "engine_queue_s": rep.engine_queue_s,
                            "engine_prefill_s": rep.engine_prefill_s,
                            **record.to_json()}  # fmt: skip
                     f.write(json.dumps(row) + "\n")
@@ -517,7 +530,8 @@ def load(out: Path) -> tuple[list[ArmResult], dict[str, Any]]:
         key = (row["arm"], row["repetition"], row["set_aside"], row["batch_at"])
         if key not in reps:
             reps[key] = Repetition(
-                row["arm"], row["repetition"], row["batch_at"], [], row.get("stalls", []),
+                row["arm"], row["repetition"], row["batch_at"], [],
+                [tuple(span) for span in row.get("stall_spans", [])],
                 row.get("engine_queue_s"), row.get("engine_prefill_s"), row["set_aside"],
             )  # fmt: skip
             results[row["arm"]].repetitions.append(reps[key])

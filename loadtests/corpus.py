@@ -58,7 +58,7 @@ def passage(start: int, chars: int) -> str:
     start %= len(text)
     out = text[start : start + chars]
     while len(out) < chars:
-        out += "\n\n" + text[: chars - len(out) - 2]
+        out += ("\n\n" + text)[: chars - len(out)]
     return out
 
 

@@ -67,7 +67,7 @@ class Row:
 
     @property
     def met(self) -> bool:
-        return abs(self.error_p50) <= BAR and abs(self.error_p95) <= BAR
+        return abs(self.error_p50) <= BAR + 1e-9 and abs(self.error_p95) <= BAR + 1e-9
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -78,7 +78,8 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
     """Replay every warm, kept repetition; real and simulated TTFT per arm and class."""
     reps: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        if not r["cold"] and not r["set_aside"]:
+        # A failed request has no engine count of its prompt: it cannot be replayed.
+        if not r["cold"] and not r["set_aside"] and r["prompt_tokens"] is not None:
             reps[(r["arm"], r["repetition"])].append(r)
     real: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
     sim: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)

@@ -57,12 +57,33 @@ class StallWatch:
 
     def between(self, start: float, end: float) -> list[float]:
         """The lengths of the stops that overlap ``[start, end]``."""
-        return [s for at, s in list(self.stalls) if at < end and at + s > start]
+        return [s for _, s in self.spans_between(start, end)]
+
+    def spans_between(self, start: float, end: float) -> list[tuple[float, float]]:
+        """The stops (start, length) that overlap ``[start, end]``."""
+        return [(at, s) for at, s in list(self.stalls) if at < end and at + s > start]
 
     def stop(self) -> None:
         if self._process is not None:
             self._process.kill()
             self._process.wait(5)
+
+
+def overlaps(a: float, b: float, spans: list[tuple[float, float]]) -> bool:
+    """Whether the interval ``(a, b)`` overlaps any of ``spans`` (start, length)."""
+    return any(at < b and at + s > a for at, s in spans)
+
+
+def stopped_within(a: float, b: float, spans: list[tuple[float, float]]) -> float:
+    """How much of the interval ``(a, b)`` the ``spans`` (start, length) cover; spans
+    are merged first, so overlapping stops are not counted twice."""
+    covered, reach = 0.0, a
+    for start, length in sorted(spans):
+        lo, hi = max(start, reach), min(start + length, b)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
 
 
 if __name__ == "__main__":

@@ -1,0 +1,683 @@
+"""The comparison's reporting (loadtests.compare): nearest-rank quantiles, one arm's
+summary from its warm repetitions only (with the running stream's gaps net of the
+machine's stops), the bar of issue #5, the table, and a run written out and read back."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtests.client import Record
+from loadtests.compare import (
+    ARMS,
+    ArmResult,
+    Check,
+    Repetition,
+    load,
+    pct,
+    report,
+    summarize,
+    table,
+    verdict,
+)
+
+Json = dict[str, Any]
+ARM = {a.key: a for a in ARMS}
+
+# -- pct ------------------------------------------------------------------------------
+
+
+def test_pct_of_nothing_is_nan() -> None:
+    assert math.isnan(pct([], 0.5))
+
+
+@pytest.mark.parametrize(
+    ("q", "expected"),
+    [(0.0, 1.0), (0.1, 1.0), (0.11, 2.0), (0.5, 5.0), (0.51, 6.0), (0.95, 10.0), (1.0, 10.0)],
+)
+def test_pct_is_the_nearest_rank(q: float, expected: float) -> None:
+    values = [float(v) for v in (7, 3, 10, 1, 9, 5, 2, 8, 4, 6)]  # order does not matter
+    assert pct(values, q) == expected
+
+
+def test_pct_rounds_off_float_error_before_taking_the_rank() -> None:
+    # 0.07 * 100 is 7.000000000000001: rank 7 is meant, not 8
+    assert pct([float(v) for v in range(1, 101)], 0.07) == 7.0
+    assert pct([float(v) for v in range(1, 21)], 0.95) == 19.0
+
+
+def test_pct_of_one_value_is_that_value() -> None:
+    assert pct([0.25], 0.5) == pct([0.25], 0.95) == 0.25
+
+
+# -- building results -------------------------------------------------------------------
+
+
+def rec(
+    kind: str,
+    n: int,
+    *,
+    at: float,
+    ttft: float,
+    gap: float = 0.01,
+    tokens: int | None = None,
+    queue_ms: float | None = None,
+    ok: bool = True,
+) -> Record:
+    """A request of ``kind`` sent ``at``, its ``tokens`` tokens ``gap`` apart from
+    ``ttft`` on; whole (valid) unless not ``ok``."""
+    tokens = tokens or {"running": 20, "batch": 4, "new": 3}[kind]
+    times = [at + ttft + i * gap for i in range(tokens)]
+    return Record(
+        id=f"{kind}-{n}",
+        kind=kind,
+        url="http://engine/v1",
+        prompt_tokens_sent=100 if kind == "batch" else 0,
+        max_tokens=tokens,
+        sent_at=at,
+        headers_at=at + 0.001,
+        token_times=times,
+        finished_at=times[-1] + 0.001,
+        status=200,
+        finish_reason="length" if ok else "stop",
+        prompt_tokens=120,
+        completion_tokens=tokens,
+        proxy_queue_ms=queue_ms,
+        engine="vllm-0",
+        text="x" * tokens,
+    )
+
+
+def rep(
+    arm: str,
+    index: int,
+    *,
+    new_ttft: float,
+    running_gap: float,
+    batch_ttft: float,
+    set_aside: bool = False,
+    stall_spans: tuple[tuple[float, float], ...] = (),
+    engine_queue_s: float | None = 0.05,
+    queue_ms: float | None = None,
+    invalid: int = 0,
+) -> Repetition:
+    """A repetition: a running chat with one long gap, two batch requests at ``batch_at``
+    (100 s per repetition), two new chats; the first ``invalid`` new chats stop early;
+    the machine stopped for ``stall_spans`` (see ``in_gap`` and ``away``)."""
+    batch_at = 100.0 * index
+    records = [
+        rec("running", 0, at=batch_at - 1.0, ttft=0.1),
+        rec("batch", 0, at=batch_at, ttft=batch_ttft),
+        rec("batch", 1, at=batch_at, ttft=batch_ttft + 0.5),
+        rec("new", 0, at=batch_at + 0.5, ttft=new_ttft, queue_ms=queue_ms, ok=invalid < 1),
+        rec("new", 1, at=batch_at + 1.0, ttft=2 * new_ttft, queue_ms=queue_ms, ok=invalid < 2),
+    ]
+    # the running stream stops once for ``running_gap`` seconds, mid-answer
+    running = records[0]
+    running.token_times = [
+        t + (running_gap if i >= 10 else 0.0) for i, t in enumerate(running.token_times)
+    ]
+    running.finished_at = running.token_times[-1] + 0.001
+    return Repetition(
+        arm=arm,
+        index=index,
+        batch_at=batch_at,
+        records=records,
+        stall_spans=list(stall_spans),
+        engine_queue_s=engine_queue_s,
+        engine_prefill_s=0.5,
+        set_aside=set_aside,
+    )
+
+
+def in_gap(index: int, seconds: float) -> tuple[float, float]:
+    """A stop of the machine inside the running stream's long gap in repetition
+    ``index``: the gap runs from ``batch_at - 0.81`` for ``running_gap + 0.01`` s, so a
+    stop no longer than ``running_gap`` lies wholly inside that gap and no other, which
+    it leaves ``running_gap + 0.01 - seconds`` long net of the stop."""
+    return (100.0 * index - 0.805, seconds)
+
+
+def away(index: int, seconds: float) -> tuple[float, float]:
+    """A stop of the machine in repetition ``index`` after the running stream ended
+    (its last token comes before ``batch_at``): it overlaps none of its gaps."""
+    return (100.0 * index + 10.0, seconds)
+
+
+def fcfs_result() -> ArmResult:
+    """A cold repetition, two kept warm ones and one set aside; the cold and the
+    set-aside ones are far off every warm value, so any leak shows."""
+    return ArmResult(
+        ARM["fcfs"],
+        "vllm serve tiny",
+        12.5,
+        peak_rss_bytes=3 * 2**29,
+        repetitions=[
+            rep(
+                "fcfs",
+                0,
+                new_ttft=50.0,
+                running_gap=90.0,
+                batch_ttft=70.0,
+                stall_spans=(in_gap(0, 9.0),),
+            ),
+            rep(
+                "fcfs",
+                1,
+                new_ttft=1.0,
+                running_gap=0.4,
+                batch_ttft=2.0,
+                stall_spans=(away(1, 0.2),),
+            ),
+            rep(
+                "fcfs",
+                2,
+                new_ttft=40.0,
+                running_gap=80.0,
+                batch_ttft=60.0,
+                set_aside=True,
+                stall_spans=(in_gap(2, 3.0),),
+                engine_queue_s=99.0,
+                invalid=2,
+            ),
+            rep("fcfs", 3, new_ttft=2.0, running_gap=0.8, batch_ttft=3.0, engine_queue_s=None),
+        ],
+    )
+
+
+# -- the records' views -----------------------------------------------------------------
+
+
+def test_a_repetition_splits_records_by_kind_and_times_the_batch_from_its_submission() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    assert [x.id for x in r.of("batch")] == ["batch-0", "batch-1"]
+    assert [x.id for x in r.of("new")] == ["new-0", "new-1"]
+    # the second batch request: first token 2.5 s in, 4 tokens 0.01 s apart, +0.001
+    assert r.batch_done_s == pytest.approx(2.5 + 0.03 + 0.001)
+    assert not r.cold and rep("fcfs", 0, new_ttft=1, running_gap=1, batch_ttft=1).cold
+
+
+def test_a_repetition_without_a_finished_batch_has_no_batch_time() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    for x in r.of("batch"):
+        x.finished_at = None
+    assert math.isnan(r.batch_done_s)
+
+
+def test_a_repetitions_stalls_are_the_lengths_of_its_stops() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    assert r.stalls == []
+    r.stall_spans = [(99.0, 0.25), (110.0, 1.5)]
+    assert r.stalls == [0.25, 1.5]
+
+
+def test_warm_leaves_out_the_cold_and_the_set_aside_repetitions() -> None:
+    result = fcfs_result()
+    assert [r.index for r in result.warm] == [1, 3]
+    assert sorted(result.values("new", "ttft")) == pytest.approx([1.0, 2.0, 2.0, 4.0])
+
+
+# -- summarize --------------------------------------------------------------------------
+
+
+def test_summarize_counts_only_the_warm_repetitions() -> None:
+    s = summarize(fcfs_result())
+    assert (s["arm"], s["name"], s["command"]) == ("fcfs", ARM["fcfs"].name, "vllm serve tiny")
+    assert (s["warm_repetitions"], s["set_aside"]) == (2, 1)
+    # new chats' TTFT: 1, 2 (repetition 1) and 2, 4 (repetition 3); nearest rank
+    assert s["new_chat_ttft_p50"] == pytest.approx(2.0)
+    assert s["new_chat_ttft_p95"] == pytest.approx(4.0)
+    # done: TTFT + 2 gaps + 0.001
+    assert s["new_chat_done_p50"] == pytest.approx(2.021)
+    assert s["new_chat_done_p95"] == pytest.approx(4.021)
+    # batch TTFT: 2, 2.5, 3, 3.5
+    assert s["batch_ttft_p50"] == pytest.approx(2.5)
+    assert s["batch_ttft_p95"] == pytest.approx(3.5)
+    assert s["running_ttft_p50"] == pytest.approx(0.1)
+    assert s["valid"] == s["requests"] == 10
+    assert s["worst_stall_s"] == 0.2
+    assert s["peak_rss_gib"] == 1.5
+    assert s["ready_after_s"] == 12.5
+
+
+def test_the_running_streams_worst_gap_has_its_max_and_its_median_over_repetitions() -> None:
+    result = fcfs_result()
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0)  # one stop of the machine
+    )
+    s = summarize(result)
+    gaps = [0.4 + 0.01, 0.8 + 0.01, 5.0 + 0.01]
+    assert s["running_worst_gap"] == pytest.approx(max(gaps))
+    assert s["running_worst_gap_median"] == pytest.approx(0.81)
+    # no warm repetition saw a stop over a gap: net of the stops, the same
+    assert s["running_worst_gap_net"] == pytest.approx(max(gaps))
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
+
+
+def test_a_gap_over_a_stop_of_the_machine_counts_net_of_the_stop() -> None:
+    result = fcfs_result()
+    # the 5 s gap of repetition 4 spans a 4.9 s stop of the machine
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(4, 4.9),))
+    )
+    s = summarize(result)
+    assert s["running_worst_gap"] == pytest.approx(5.01)
+    assert s["running_worst_gap_median"] == pytest.approx(0.81)
+    # repetition 4's 5.01 s gap counts 5.01 - 4.9 = 0.11 s, still its worst
+    net = [0.41, 0.81, 0.11]
+    assert s["running_worst_gap_net"] == pytest.approx(max(net))
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.41)
+    assert s["running_worst_gap_net"] < s["running_worst_gap"]
+    assert s["running_worst_gap_net_median"] < s["running_worst_gap_median"]
+    assert s["worst_stall_s"] == pytest.approx(4.9)
+
+
+def test_a_short_stop_in_a_long_gap_takes_off_only_its_own_length() -> None:
+    result = fcfs_result()
+    # a 0.5 s stop inside the 5 s gap of repetition 4: 4.51 s of it is left
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(4, 0.5),))
+    )
+    s = summarize(result)
+    assert s["running_worst_gap_net"] == pytest.approx(4.51)
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
+
+
+def test_a_stop_over_the_whole_gap_leaves_the_streams_even_gaps() -> None:
+    result = fcfs_result()
+    # a stop from before the 5 s gap of repetition 4 opens to after it closes, over
+    # the 0.01 s gaps either side of it too: they all net to nothing; the stream's
+    # other even 0.01 s gaps are left
+    long_gap = (400.0 - 0.81, 5.01)
+    stop = (long_gap[0] - 0.015, long_gap[1] + 0.03)
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(stop,))
+    )
+    s = summarize(result)
+    assert s["running_worst_gap_net"] == pytest.approx(0.81)
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.41)
+    record = result.repetitions[-1].of("running")[0]
+    assert record.worst_gap_net([stop]) == pytest.approx(0.01)
+
+
+def test_overlapping_stops_in_one_gap_are_not_counted_twice() -> None:
+    result = fcfs_result()
+    # two 3 s stops in the 5.01 s gap of repetition 4, overlapping by 1 s: 5 s stopped
+    first = in_gap(4, 3.0)
+    second = (first[0] + 2.0, 3.0)
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(first, second))
+    )
+    s = summarize(result)
+    # 5.01 - 5 = 0.01, not 5.01 - 6 (below nothing) nor 5.01 - 3
+    assert s["running_worst_gap_net"] == pytest.approx(0.81)
+    record = result.repetitions[-1].of("running")[0]
+    assert record.worst_gap_net([first, second]) == pytest.approx(0.01)
+    assert s["worst_stall_s"] == pytest.approx(3.0)
+
+
+def test_a_repetitions_stops_count_only_against_its_own_gaps() -> None:
+    result = fcfs_result()
+    # a stop at the time of repetition 1's gap, recorded against repetition 4
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(1, 4.9),))
+    )
+    s = summarize(result)
+    assert s["running_worst_gap_net"] == pytest.approx(5.01)
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
+
+
+def test_a_stop_after_the_stream_ended_changes_nothing() -> None:
+    result = fcfs_result()
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(away(4, 4.9),))
+    )
+    s = summarize(result)
+    assert s["running_worst_gap_net"] == pytest.approx(5.01)
+    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
+
+
+def test_the_cold_and_set_aside_repetitions_stops_do_not_count() -> None:
+    # both have a stop over their running gap (90 s and 80 s); neither is warm, so
+    # neither their raw gaps nor their net ones leak in
+    s = summarize(fcfs_result())
+    assert s["running_worst_gap_net"] == pytest.approx(0.81)
+    assert s["running_worst_gap_net_median"] == pytest.approx((0.41 + 0.81) / 2)
+
+
+def test_batch_done_median_and_max_are_over_the_warm_repetitions() -> None:
+    s = summarize(fcfs_result())
+    done = [2.5 + 0.031, 3.5 + 0.031]
+    assert s["batch_done_median"] == pytest.approx(sum(done) / 2)
+    assert s["batch_done_max"] == pytest.approx(max(done))
+
+
+def test_the_engine_queue_mean_skips_repetitions_without_one() -> None:
+    s = summarize(fcfs_result())
+    assert s["engine_queue_mean_s"] == pytest.approx(0.05)
+    assert s["engine_prefill_mean_s"] == pytest.approx(0.5)
+
+
+def test_the_cold_repetition_is_reported_apart() -> None:
+    assert summarize(fcfs_result())["cold"] == {
+        "new_chat_ttft_max": pytest.approx(100.0),
+        "batch_done": pytest.approx(70.5 + 0.031),
+    }
+    result = fcfs_result()
+    result.repetitions.pop(0)
+    assert summarize(result)["cold"] is None
+
+
+def test_invalid_answers_in_a_warm_repetition_are_counted() -> None:
+    result = fcfs_result()
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, invalid=1)
+    )
+    s = summarize(result)
+    assert (s["valid"], s["requests"]) == (14, 15)
+
+
+def test_the_proxy_queue_wait_is_reported_only_when_the_proxy_gave_one() -> None:
+    assert summarize(fcfs_result())["new_chat_proxy_queue_ms_p95"] is None
+    proxy = ArmResult(
+        ARM["proxy"],
+        "whoseturn serve",
+        3.0,
+        repetitions=[
+            rep("proxy", 1, new_ttft=0.1, running_gap=0.1, batch_ttft=2.0, queue_ms=4.0),
+            rep("proxy", 2, new_ttft=0.1, running_gap=0.1, batch_ttft=2.0, queue_ms=9.0),
+        ],
+    )
+    assert summarize(proxy)["new_chat_proxy_queue_ms_p95"] == 9.0
+
+
+def test_an_arm_without_warm_repetitions_has_nan_statistics() -> None:
+    result = ArmResult(ARM["fcfs"], "c", 1.0)
+    s = summarize(result)
+    assert math.isnan(s["new_chat_ttft_p95"])
+    assert math.isnan(s["running_worst_gap_median"])
+    assert math.isnan(s["running_worst_gap_net"])
+    assert math.isnan(s["running_worst_gap_net_median"])
+    assert math.isnan(s["batch_done_median"])
+    assert (s["valid"], s["requests"], s["engine_queue_mean_s"]) == (0, 0, None)
+
+
+# -- verdict ----------------------------------------------------------------------------
+
+
+def summary(arm: str, **values: Any) -> Json:
+    base: Json = {
+        "arm": arm,
+        "name": ARM[arm].name,
+        "new_chat_ttft_p50": 1.0,
+        "new_chat_ttft_p95": 1.0,
+        "new_chat_done_p50": 1.0,
+        "new_chat_done_p95": 1.0,
+        "running_worst_gap": 0.5,
+        "running_worst_gap_median": 0.2,
+        "running_worst_gap_net": 0.4,
+        "running_worst_gap_net_median": 0.15,
+        "batch_ttft_p50": 2.0,
+        "batch_ttft_p95": 3.0,
+        "batch_done_median": 10.0,
+        "valid": 20,
+        "requests": 20,
+    }
+    return {**base, **values}
+
+
+def passing(**changes: Json) -> list[Json]:
+    """Four arms on which every check is met, with some arms' values changed."""
+    arms = {
+        "fcfs": summary("fcfs", new_chat_ttft_p95=8.0, new_chat_done_p95=9.0),
+        "priority": summary("priority", new_chat_ttft_p95=2.0, new_chat_done_p95=2.0),
+        "budget512": summary("budget512", new_chat_ttft_p95=1.5, new_chat_done_p95=1.5),
+        "proxy": summary("proxy", new_chat_ttft_p95=1.0, new_chat_done_p95=1.0),
+    }
+    return [{**s, **changes.get(key, {})} for key, s in arms.items()]
+
+
+def by_what(checks: list[Check]) -> dict[str, Check]:
+    return {c.what: c for c in checks}
+
+
+def test_every_check_is_met_when_the_proxy_clears_each_bar() -> None:
+    checks = verdict(passing())
+    assert len(checks) == 9
+    assert all(c.met for c in checks), [c for c in checks if not c.met]
+    got = by_what(checks)
+    assert got["new chat TTFT p95: fcfs / proxy"] == Check(
+        "new chat TTFT p95: fcfs / proxy", 8.0, 5.0, True
+    )
+    assert got["new chat done p95: priority / proxy"].bar == 1.0
+    assert got["valid answers, all arms"] == Check("valid answers, all arms", 80, 80, True)
+
+
+def test_the_order_of_the_summaries_does_not_matter() -> None:
+    assert verdict(passing()) == verdict(list(reversed(passing())))
+
+
+@pytest.mark.parametrize("column", ["TTFT", "done"])
+def test_fcfs_must_be_more_than_five_times_slower_than_the_proxy(column: str) -> None:
+    key = {"TTFT": "new_chat_ttft_p95", "done": "new_chat_done_p95"}[column]
+    what = f"new chat {column} p95: fcfs / proxy"
+    exactly = by_what(verdict(passing(fcfs={key: 5.0})))[what]
+    assert (exactly.value, exactly.met) == (5.0, False)
+    assert by_what(verdict(passing(fcfs={key: 5.5})))[what].met
+
+
+@pytest.mark.parametrize("arm", ["priority", "budget512"])
+@pytest.mark.parametrize("column", ["TTFT", "done"])
+def test_the_proxy_must_beat_engine_priority_and_small_steps(arm: str, column: str) -> None:
+    key = {"TTFT": "new_chat_ttft_p95", "done": "new_chat_done_p95"}[column]
+    what = f"new chat {column} p95: {arm} / proxy"
+    tie = by_what(verdict(passing(**{arm: {key: 1.0}})))
+    assert (tie[what].value, tie[what].met) == (1.0, False)
+    assert [c.what for c in tie.values() if not c.met] == [what]
+    assert by_what(verdict(passing(**{arm: {key: 1.01}})))[what].met
+
+
+GAP = "running worst gap: proxy / 512-token steps"
+
+
+NET = "running_worst_gap_net"
+NET_MEDIAN = "running_worst_gap_net_median"
+
+
+def test_the_running_gap_may_be_up_to_a_quarter_longer_than_with_small_steps() -> None:
+    small = {NET_MEDIAN: 1.0}
+    at_bar = passing(proxy={NET_MEDIAN: 1.25}, budget512=small)
+    assert by_what(verdict(at_bar))[GAP] == Check(GAP, 1.25, 1.25, True)
+    over = passing(proxy={NET_MEDIAN: 1.26}, budget512=small)
+    assert not by_what(verdict(over))[GAP].met
+
+
+def test_the_running_gap_check_uses_the_median_not_the_max() -> None:
+    one_gap = passing(proxy={NET: 9.0}, budget512={NET: 0.1})
+    assert by_what(verdict(one_gap))[GAP].met
+    slow = passing(proxy={NET_MEDIAN: 1.0, NET: 1.0})
+    assert not by_what(verdict(slow))[GAP].met
+
+
+def test_the_running_gap_check_takes_the_gaps_net_of_machine_stops() -> None:
+    # the proxy's raw worst gaps are huge (they spanned stops of the machine), net of
+    # the stops they are not: the bar is met
+    stopped = {"running_worst_gap": 9.0, "running_worst_gap_median": 8.0, NET_MEDIAN: 0.15}
+    check = by_what(verdict(passing(proxy=stopped)))[GAP]
+    assert (check.value, check.met) == (1.0, True)
+    # and the other way: the check reads the net median, not the raw one
+    slow = {"running_worst_gap": 0.1, "running_worst_gap_median": 0.1, NET_MEDIAN: 0.3}
+    check = by_what(verdict(passing(proxy=slow)))[GAP]
+    assert check.value == pytest.approx(2.0)
+    assert not check.met
+
+
+BATCH = "batch done: proxy / FCFS"
+
+
+def test_the_batch_may_finish_up_to_a_fifth_later_than_under_fcfs() -> None:
+    at_bar = by_what(verdict(passing(proxy={"batch_done_median": 12.0})))[BATCH]
+    assert (at_bar.value, at_bar.bar, at_bar.met) == (1.2, 1.2, True)
+    assert not by_what(verdict(passing(proxy={"batch_done_median": 12.1})))[BATCH].met
+    faster = by_what(verdict(passing(proxy={"batch_done_median": 5.0})))[BATCH]
+    assert (faster.value, faster.met) == (0.5, True)
+
+
+def test_every_answer_of_every_arm_must_be_valid() -> None:
+    checks = by_what(verdict(passing(priority={"valid": 19})))
+    valid = checks["valid answers, all arms"]
+    assert (valid.value, valid.bar, valid.met) == (79, 80, False)
+    assert all(c.met for w, c in checks.items() if w != valid.what)
+
+
+def test_a_missing_measurement_misses_its_check() -> None:
+    nan = float("nan")
+    checks = by_what(verdict(passing(proxy={"batch_done_median": nan})))
+    assert not checks[BATCH].met
+
+
+# -- table ------------------------------------------------------------------------------
+
+
+def test_the_table_has_one_row_per_arm_in_order() -> None:
+    summaries = [summarize(fcfs_result()), {**summarize(fcfs_result()), "name": "second"}]
+    lines = table(summaries).splitlines()
+    assert len(lines) == 2 + 2
+    assert lines[0].startswith("| arm |") and lines[1].startswith("|---")
+    assert lines[2].startswith(f"| {ARM['fcfs'].name} | 2.00 s / 4.00 s |")
+    assert lines[3].startswith("| second |")
+    assert lines[2].endswith("| 10/10 |")
+    assert all(line.count("|") == 9 for line in lines)
+    assert "| same, net of machine stops |" in lines[0]
+
+
+def test_the_table_writes_short_times_in_milliseconds() -> None:
+    s = summary(
+        "proxy",
+        running_worst_gap=2.5,
+        running_worst_gap_median=0.0125,
+        running_worst_gap_net=0.25,
+        running_worst_gap_net_median=0.0075,
+    )
+    row = table([s]).splitlines()[2]
+    assert "| 12 ms (2.50 s) | 8 ms (250 ms) |" in row
+    assert "| 10.00 s |" in row
+
+
+# -- report and load --------------------------------------------------------------------
+
+
+def four_arms() -> list[ArmResult]:
+    results = []
+    for key, factor, queue_ms in (
+        ("fcfs", 6.0, None),
+        ("priority", 2.0, None),
+        ("budget512", 1.5, None),
+        ("proxy", 1.0, 3.5),
+    ):
+        reps = [
+            rep(
+                key,
+                i,
+                new_ttft=0.2 * factor * (1 + i / 10),
+                running_gap=0.3,
+                batch_ttft=2.0,
+                queue_ms=queue_ms,
+                # a stop over the running gap in repetition 1, after it in the others
+                stall_spans=((in_gap if i == 1 else away)(i, 0.1 * (i + 1)),),
+                set_aside=(i == 2),
+            )
+            for i in range(4)
+        ]
+        results.append(ArmResult(ARM[key], f"serve {key}", 10.0 + factor, 2**31, reps))
+    return results
+
+
+def write_records(results: list[ArmResult], out: Path) -> None:
+    """records.jsonl as ``compare.run`` writes it."""
+    with (out / "records.jsonl").open("w") as f:
+        for result in results:
+            for r in result.repetitions:
+                for record in r.records:
+                    row = {"arm": result.arm.key, "repetition": r.index, "cold": r.cold,
+                           "set_aside": r.set_aside, "batch_at": r.batch_at,
+                           "stall_spans": r.stall_spans, "engine_queue_s": r.engine_queue_s,
+                           "engine_prefill_s": r.engine_prefill_s,
+                           **record.to_json()}  # fmt: skip
+                    f.write(json.dumps(row) + "\n")
+
+
+def test_a_report_and_its_records_read_back_to_the_same_summaries(tmp_path: Path) -> None:
+    results = four_arms()
+    write_records(results, tmp_path)
+    summaries, checks = report(results, {"repeats": 3}, tmp_path)
+    assert [s["arm"] for s in summaries] == ["fcfs", "priority", "budget512", "proxy"]
+    assert len(checks) == 9
+    assert all(c.met for c in checks), [c for c in checks if not c.met]
+
+    # the stops matter to the summaries: warm repetition 1's 0.31 s gap is over a 0.2 s
+    # stop (0.11 s net), 3's is not (its stop comes after the stream)
+    assert summaries[0]["running_worst_gap"] == pytest.approx(0.31)
+    assert summaries[0]["running_worst_gap_median"] == pytest.approx(0.31)
+    assert summaries[0]["running_worst_gap_net"] == pytest.approx(0.31)
+    assert summaries[0]["running_worst_gap_net_median"] == pytest.approx((0.11 + 0.31) / 2)
+
+    loaded, meta = load(tmp_path)
+    assert meta["repeats"] == 3
+    assert meta["checks"] == [c.__dict__ for c in checks]
+    assert [summarize(r) for r in loaded] == summaries
+    for before, after in zip(results, loaded, strict=True):
+        assert after.arm == before.arm
+        assert after.peak_rss_bytes == before.peak_rss_bytes
+        assert [(r.index, r.set_aside, r.stall_spans) for r in after.repetitions] == [
+            (r.index, r.set_aside, r.stall_spans) for r in before.repetitions
+        ]
+        assert [r.records for r in after.repetitions] == [r.records for r in before.repetitions]
+
+
+def test_records_without_stall_spans_load_with_no_stops(tmp_path: Path) -> None:
+    results = four_arms()
+    write_records(results, tmp_path)
+    report(results, {"repeats": 3}, tmp_path)
+    records = tmp_path / "records.jsonl"
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    for row in rows:
+        del row["stall_spans"]
+    records.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded, _ = load(tmp_path)
+    assert all(r.stall_spans == [] for result in loaded for r in result.repetitions)
+    s = summarize(loaded[0])
+    # with no stops known, the net values are the raw ones
+    assert s["running_worst_gap_net"] == s["running_worst_gap"]
+    assert s["running_worst_gap_net_median"] == s["running_worst_gap_median"]
+
+
+def test_a_report_of_a_report_only_run_writes_the_same_files(tmp_path: Path) -> None:
+    results = four_arms()
+    write_records(results, tmp_path)
+    report(results, {"repeats": 3}, tmp_path)
+    first = ((tmp_path / "summary.json").read_text(), (tmp_path / "table.md").read_text())
+    report(*load(tmp_path), tmp_path)
+    assert ((tmp_path / "summary.json").read_text(), (tmp_path / "table.md").read_text()) == first
+
+
+def test_the_report_files_hold_the_summaries_the_table_and_the_verdict(tmp_path: Path) -> None:
+    results = four_arms()
+    summaries, _ = report(results, {"repeats": 3}, tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["arms"] == summaries
+    text = (tmp_path / "table.md").read_text()
+    assert text.startswith(table(summaries) + "\n\n")
+    assert "- new chat TTFT p95: fcfs / proxy = 6.0x (bar > 5x): met" in text
+    assert "- valid answers, all arms: 40 of 40: met" in text
+
+
+def test_a_report_of_some_arms_has_no_verdict(tmp_path: Path) -> None:
+    summaries, checks = report(four_arms()[:2], {}, tmp_path)
+    assert len(summaries) == 2
+    assert checks == []
+    assert json.loads((tmp_path / "summary.json").read_text())["meta"]["checks"] == []
