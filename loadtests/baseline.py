@@ -9,7 +9,10 @@ One repetition:
    the batch.
 4. The repetition ends when every answer is whole.
 
-Chat goes to ``chat_url`` and batch to ``batch_url``: the engine's own
+Every request asks vLLM for ``return_token_ids``, so that every token comes as its
+own chunk: this model's gibberish often holds its text back for many tokens (an
+incomplete character), which would read as a long gap. Chat goes to ``chat_url``
+and batch to ``batch_url``: the engine's own
 ``/v1/...`` routes when the engine is used directly, the proxy's ``/v1/...`` and
 ``/batch/v1/...`` routes through the proxy. Under the engine's priority policy,
 chat requests carry priority -10 and batch 0 (lower runs first in vLLM).
@@ -115,6 +118,7 @@ async def run_once(
         "messages": prompts.running,
         "max_tokens": workload.running_answer_tokens,
         "temperature": 0,
+        "return_token_ids": True,
     }
     tasks = [asyncio.create_task(stream(http, running, _priority(running_body, chat_priority)))]
     while len(running.token_times) < workload.running_tokens_before_batch:
@@ -137,6 +141,7 @@ async def run_once(
             "prompt": prompt.text,
             "max_tokens": workload.batch_answer_tokens,
             "temperature": 0,
+            "return_token_ids": True,
         }
         records.append(record)
         tasks.append(asyncio.create_task(stream(http, record, _priority(body, batch_priority))))
@@ -152,6 +157,7 @@ async def run_once(
             "messages": messages,
             "max_tokens": workload.new_chat_answer_tokens,
             "temperature": 0,
+            "return_token_ids": True,
         }
         records.append(record)
         tasks.append(asyncio.create_task(stream(http, record, _priority(body, chat_priority))))

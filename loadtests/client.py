@@ -53,6 +53,16 @@ class Record:
         times = self.token_times
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
+    def ttft_net(self, stops: list[tuple[float, float]]) -> float | None:
+        """Time to first token net of the time the machine was stopped meanwhile."""
+        if not self.token_times:
+            return None
+        return (
+            self.token_times[0]
+            - self.sent_at
+            - stopped_within(self.sent_at, self.token_times[0], stops)
+        )
+
     def worst_gap_net(self, stops: list[tuple[float, float]]) -> float:
         """The worst gap, each gap net of the time the machine was stopped within it
         (``stops``: start, length, from :mod:`loadtests.stalls`)."""
@@ -113,8 +123,14 @@ def _event(record: Record, data: dict[str, Any], now: float) -> None:
         piece = choice.get("text")
         if piece is None:
             piece = (choice.get("delta") or {}).get("content")
-        if piece:
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            # vLLM's return_token_ids: every token, even one whose text is held back
+            # until a character is whole (this model's gibberish does that for
+            # seconds); tokens that come together share a time.
+            record.token_times.extend([now] * len(ids))
+        elif piece:
             record.token_times.append(now)
-            record.text += piece
+        record.text += piece or ""
         if choice.get("finish_reason"):
             record.finish_reason = choice["finish_reason"]

@@ -5,8 +5,10 @@ request's arrival offset, class, prompt tokens (as vLLM counted them) and answer
 length — replayed by :func:`proxy.sim.replay.replay` with a fitted profile and the
 arm's engine flags (through the proxy's scheduler for the proxy arm). Time to first
 token is then set side by side per arm and class, p50 and p95 over the warm
-repetitions: real (at the client) against simulated. The bar of issue #5 is within
-30% of the real value.
+repetitions: real (at the client) against simulated. The real value is taken net of
+the machine's own stops (:mod:`loadtests.stalls`): the simulator models the engine,
+not a machine that stops for a second now and then; the raw value is shown beside
+it. The bar of issue #5 is within 30% of the real value.
 
 Usage: ``python -m loadtests.fidelity RECORDS.jsonl [--profile NAME_OR_PATH]``.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.stalls import stopped_within
 from proxy.scheduler import TrafficClass
 from proxy.scheduler.budget import percentile
 from proxy.sim.profile import Profile, load_profile
@@ -56,6 +59,8 @@ class Row:
     real_p95: float
     sim_p95: float
     samples: int
+    raw_p50: float
+    raw_p95: float
 
     @property
     def error_p50(self) -> float:
@@ -82,6 +87,7 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
         if not r["cold"] and not r["set_aside"] and r["prompt_tokens"] is not None:
             reps[(r["arm"], r["repetition"])].append(r)
     real: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
+    raw: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
     sim: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
     for (arm, _), rows in sorted(reps.items()):
         start = min(r["sent_at"] for r in rows)
@@ -100,7 +106,10 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
         ):
             key = (arm, CLASS_OF.get(r["kind"], TrafficClass.BATCH))
             if r["ttft"] is not None and replayed.ttft_s is not None:
-                real[key].append(r["ttft"])
+                first = r["sent_at"] + r["ttft"]
+                stops = [(float(a), float(s)) for a, s in r.get("stall_spans", [])]
+                real[key].append(r["ttft"] - stopped_within(r["sent_at"], first, stops))
+                raw[key].append(r["ttft"])
                 sim[key].append(replayed.ttft_s)
     return [
         Row(
@@ -111,6 +120,8 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
             percentile(real[(arm, cls)], 0.95),
             percentile(sim[(arm, cls)], 0.95),
             len(real[(arm, cls)]),
+            percentile(raw[(arm, cls)], 0.5),
+            percentile(raw[(arm, cls)], 0.95),
         )
         for arm, cls in real
     ]
@@ -122,14 +133,15 @@ def _s(value: float) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     lines = [
-        "| arm | class | TTFT p50 real / sim | error | TTFT p95 real / sim | error | within 30% |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | class (requests) | TTFT p50 real / sim | error | TTFT p95 real / sim | error "
+        "| within 30% | raw real p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.arm} | {r.cls.value} ({r.samples}) | {_s(r.real_p50)} / {_s(r.sim_p50)} "
             f"| {r.error_p50:+.0%} | {_s(r.real_p95)} / {_s(r.sim_p95)} | {r.error_p95:+.0%} "
-            f"| {'yes' if r.met else 'NO'} |"
+            f"| {'yes' if r.met else 'NO'} | {_s(r.raw_p50)} / {_s(r.raw_p95)} |"
         )
     return "\n".join(lines)
 

@@ -25,12 +25,14 @@ class SSEEvent:
 
     @property
     def has_token(self) -> bool:
-        """Whether the event carries generated output (text, a tool call, or a finish)."""
+        """Whether the event carries generated output (text, a tool call, or a finish,
+        or token ids: vLLM's ``return_token_ids`` sends a chunk for every token, even
+        one whose text is held back until a character is whole)."""
         if self.data is None:
             return False
         for choice in self.data.get("choices") or ():
             delta = choice.get("delta") or {}
-            if choice.get("text") or choice.get("finish_reason"):
+            if choice.get("text") or choice.get("finish_reason") or choice.get("token_ids"):
                 return True
             if any(delta.get(key) for key in _TOKEN_KEYS):
                 return True

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.api.sse import SSEEvent, SSEReader, sse_error
 
-from .helpers import DONE, USAGE, chat_chunk, chat_events, delta, sse
+from .helpers import DONE, USAGE, chat_chunk, chat_events, completion_chunk, delta, sse, text
 
 STREAM = b"".join(chat_events())
 
@@ -114,6 +114,10 @@ def test_has_token() -> None:
     assert not event(chat_chunk(delta(role="assistant", content=""))).has_token
     assert event(chat_chunk(delta(content="Hi"))).has_token
     assert event(chat_chunk(delta(content="", finish="stop"))).has_token
+    # vLLM's return_token_ids: a token whose text is held back still comes as a chunk
+    assert event(chat_chunk({**delta(), "token_ids": [1871]})).has_token
+    assert not event(chat_chunk({**delta(), "token_ids": []})).has_token
+    assert event(completion_chunk({**text(""), "token_ids": [7]})).has_token
     assert event(chat_chunk(delta(reasoning_content="hmm"))).has_token
     assert event(chat_chunk(delta(reasoning="hmm", content=None))).has_token  # vLLM 0.32
     call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f"}}

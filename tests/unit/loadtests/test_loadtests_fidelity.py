@@ -60,7 +60,17 @@ def test_an_unknown_arm_is_refused() -> None:
 
 
 def row(real_p50: float, sim_p50: float, real_p95: float, sim_p95: float) -> Row:
-    return Row("fcfs", INTERACTIVE, real_p50, sim_p50, real_p95, sim_p95, samples=4)
+    return Row(
+        "fcfs",
+        INTERACTIVE,
+        real_p50,
+        sim_p50,
+        real_p95,
+        sim_p95,
+        samples=4,
+        raw_p50=real_p50,
+        raw_p95=real_p95,
+    )
 
 
 def test_the_errors_are_simulated_over_real_less_one() -> None:
@@ -243,6 +253,7 @@ def test_the_table_has_one_row_per_arm_and_class_and_says_if_it_is_met() -> None
     lines = table([row(2.0, 2.5, 4.0, 3.0), row(0.5, 1.0, 1.0, 1.0)]).splitlines()
     assert len(lines) == 4
     assert lines[2] == (
-        "| fcfs | interactive (4) | 2.00 s / 2.50 s | +25% | 4.00 s / 3.00 s | -25% | yes |"
+        "| fcfs | interactive (4) | 2.00 s / 2.50 s | +25% | 4.00 s / 3.00 s | -25% | yes "
+        "| 2.00 s / 4.00 s |"
     )
-    assert lines[3].endswith("| +100% | 1.00 s / 1.00 s | +0% | NO |")
+    assert lines[3].endswith("| +100% | 1.00 s / 1.00 s | +0% | NO | 500 ms / 1.00 s |")
