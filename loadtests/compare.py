@@ -100,6 +100,8 @@ class Repetition:
     engine_queue_s: float | None
     engine_prefill_s: float | None
     set_aside: bool = False
+    # The proxy arm: its batch prefill budget B before and after the repetition.
+    proxy_budget: tuple[float, float] | None = None
 
     @property
     def cold(self) -> bool:
@@ -200,6 +202,17 @@ def _mean_delta(before: dict[str, float], after: dict[str, float], name: str) ->
     return (after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / count
 
 
+def proxy_budget(url: str | None) -> float | None:
+    """The proxy's batch prefill budget (``whoseturn_prefill_budget_tokens``)."""
+    if url is None:
+        return None
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("whoseturn_prefill_budget_tokens{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def wait_idle(http: httpx.Client, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -239,7 +252,10 @@ def run_arm(
             if arm.via_proxy:
                 with serve_proxy(engine.base_url, out) as url:
                     _repetitions(result, url + "/v1", url + "/batch/v1", prompts, repeats,
-                                 workload, watch, control, extra_tries)  # fmt: skip
+                                 workload, watch, control, extra_tries, url)  # fmt: skip
+                    with httpx.Client(base_url=url, timeout=10) as proxy:
+                        log = proxy.get("/turn/log", params={"limit": 1000}).text
+                    (out / "proxy-turn-log.json").write_text(log)
             else:
                 base = engine.base_url + "/v1"
                 _repetitions(
@@ -261,6 +277,7 @@ def _repetitions(
     watch: StallWatch,
     control: httpx.Client,
     extra_tries: int,
+    proxy_url: str | None = None,
 ) -> None:
     # Sets 0..repeats are every arm's cold and warm repetitions; the sets after them
     # are spares for repetitions run again (a prompt sent twice would be cached).
@@ -272,6 +289,7 @@ def _repetitions(
         wait_idle(control)
         time.sleep(SETTLE_S)
         before = engine_totals(control)
+        budget_before = proxy_budget(proxy_url)
         start = time.monotonic()
         records, batch_at = asyncio.run(
             _one(chat_url, batch_url, prompts[index], workload, result.arm, index)
@@ -287,6 +305,8 @@ def _repetitions(
             _mean_delta(before, after, "vllm:request_queue_time_seconds"),
             _mean_delta(before, after, "vllm:request_prefill_time_seconds"),
         )
+        if proxy_url is not None:
+            rep.proxy_budget = (budget_before or 0.0, proxy_budget(proxy_url) or 0.0)
         stalled = max(rep.stalls, default=0.0)
         if index > 0 and stalled > MAX_STALL_S and extra < extra_tries and spares:
             rep.set_aside = True
@@ -298,12 +318,13 @@ def _repetitions(
             )  # fmt: skip
         result.repetitions.append(rep)
         logger.info(
-            "%s rep %d: new chat TTFT %s s, batch done %.1f s, worst stall %.2f s",
+            "%s rep %d: new chat TTFT %s s, batch done %.1f s, worst stall %.2f s%s",
             result.arm.key,
             index,
             ", ".join(f"{r.ttft:.2f}" for r in rep.of("new") if r.ttft is not None),
             rep.batch_done_s,
             stalled,
+            "" if rep.proxy_budget is None else f", proxy budget {rep.proxy_budget}",
         )
 
 
@@ -364,6 +385,7 @@ def summarize(result: ArmResult) -> dict[str, Any]:
         "requests": len(records),
         "peak_rss_gib": result.peak_rss_bytes / 2**30,
         "worst_stall_s": max((s for rep in warm for s in rep.stalls), default=0.0),
+        "proxy_budgets": [rep.proxy_budget for rep in warm if rep.proxy_budget is not None],
         "cold": _cold(result),
     }
 
@@ -487,6 +509,7 @@ def run(
                            "stall_spans": rep.stall_spans,
                            "engine_queue_s": rep.engine_queue_s,
                            "engine_prefill_s": rep.engine_prefill_s,
+                           "proxy_budget": rep.proxy_budget,
                            **record.to_json()}  # fmt: skip
                     f.write(json.dumps(row) + "\n")
     meta = {
@@ -533,6 +556,7 @@ def load(out: Path) -> tuple[list[ArmResult], dict[str, Any]]:
                 row["arm"], row["repetition"], row["batch_at"], [],
                 [tuple(span) for span in row.get("stall_spans", [])],
                 row.get("engine_queue_s"), row.get("engine_prefill_s"), row["set_aside"],
+                tuple(row["proxy_budget"]) if row.get("proxy_budget") else None,
             )  # fmt: skip
             results[row["arm"]].repetitions.append(reps[key])
         reps[key].records.append(Record(**{k: v for k, v in row.items() if k in fields}))

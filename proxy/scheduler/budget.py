@@ -2,7 +2,11 @@
 
 The controller watches two signals of interactive service over a sliding window:
 time to first token, and the gaps between tokens of interactive streams (prefill
-steals decode time as well as queue time). Once per ``interval`` it compares a high
+steals decode time as well as queue time). Gaps are judged by the streams' time,
+not by their tokens (:func:`time_weighted_percentile`): tokens held up somewhere
+and then delivered in one burst add hundreds of near-zero gaps, which would
+otherwise hide the one long gap before them and open the budget just when the
+streams stall. Once per ``interval`` it compares a high
 percentile of each against ``aim`` x its target, aiming below the target so that
 headroom absorbs a prompt twice as long as usual:
 
@@ -56,6 +60,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def time_weighted_percentile(gaps: list[float], q: float) -> float:
+    """The gap that a ``q`` share of the streams' waiting time was spent in gaps no
+    longer than: each gap weighs its own length. A non-empty list; all zeros give 0.
+
+    Ten gaps of 10 ms and one of 1 s: by tokens the p95 is 10 ms, by time 1 s.
+    """
+    ordered = sorted(gaps)
+    total = sum(ordered)
+    if total <= 0:
+        return ordered[-1]
+    threshold = q * total
+    reached = 0.0
+    for gap in ordered:
+        reached += gap
+        # round off float error first, as percentile() does
+        if round(reached - threshold, 12) >= 0:
+            return gap
+    return ordered[-1]
+
+
 class SlidingWindow:
     """Timestamped samples no older than ``span`` seconds.
 
@@ -97,12 +121,14 @@ class BudgetController:
         self.gaps.add(now, seconds)
 
     def signal(self, now: float) -> tuple[float | None, float | None]:
-        """The judged percentiles of TTFT and gap (None: too few samples)."""
+        """The judged percentiles of TTFT (by request) and gap (by time; see
+        :func:`time_weighted_percentile`); None: too few samples."""
         s = self.settings
         ttft = self.ttft.values(now, self._cut_marks[0])
         gaps = self.gaps.values(now, self._cut_marks[1])
         p_ttft = percentile(ttft, s.percentile) if len(ttft) >= s.min_samples else None
-        p_gap = percentile(gaps, s.percentile) if len(gaps) >= s.min_samples else None
+        enough = len(gaps) >= s.min_samples
+        p_gap = time_weighted_percentile(gaps, s.percentile) if enough else None
         return p_ttft, p_gap
 
     def update(self, now: float, batch_waiting: bool) -> int:

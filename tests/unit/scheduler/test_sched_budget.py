@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.scheduler import BudgetController, BudgetSettings, EngineLoad
-from proxy.scheduler.budget import percentile
+from proxy.scheduler.budget import percentile, time_weighted_percentile
 
 from .helpers import B, I, engine, make, submit
 
@@ -90,6 +90,28 @@ def test_a_missed_gap_aim_cuts_as_well() -> None:
     for _ in range(5):
         c.observe_gap(0.5, 0.09)  # above 0.8 x 0.1
     assert c.update(1.0, batch_waiting=False) == 4000
+
+
+def test_a_long_gap_is_not_hidden_by_a_burst_of_short_ones() -> None:
+    """Tokens held up and then delivered at once: one long gap, then many near
+    zero. By tokens the p95 would be the short ones; by the streams' time it is
+    the long gap, and the budget is cut, not grown."""
+    c = controller()
+    ttfts(c, 0.5, *[0.1] * 5)
+    c.observe_gap(0.5, 1.2)
+    for _ in range(200):
+        c.observe_gap(0.5, 0.001)
+    assert c.update(1.0, batch_waiting=True) == 4000
+
+
+def test_time_weighted_percentile() -> None:
+    assert time_weighted_percentile([0.01] * 10 + [1.0], 0.95) == 1.0
+    assert time_weighted_percentile([0.05] * 20, 0.95) == 0.05
+    assert time_weighted_percentile([0.0, 0.0], 0.95) == 0.0
+    # 0.1 + 0.2 + 0.3 + 0.4 = 1.0: half of the time is spent in gaps up to 0.3
+    assert time_weighted_percentile([0.4, 0.1, 0.3, 0.2], 0.5) == 0.3
+    assert time_weighted_percentile([0.4, 0.1, 0.3, 0.2], 0.6) == 0.3  # at the edge
+    assert time_weighted_percentile([0.4, 0.1, 0.3, 0.2], 0.61) == 0.4
 
 
 def test_the_percentile_not_the_mean_is_judged() -> None:
