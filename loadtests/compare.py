@@ -57,8 +57,8 @@ from loadtests.vllm import MODEL_NAME, REPO, free_port, start_vllm
 
 logger = logging.getLogger(__name__)
 
-MAX_STALL_S = 0.5
-EXTRA_TRIES = 2
+MAX_STALL_S = 0.25
+EXTRA_TRIES = 4
 SETTLE_S = 1.0
 RECOMMENDED_FLAGS = ("--long-prefill-token-threshold", "256")
 
