@@ -63,6 +63,14 @@ class Record:
             - stopped_within(self.sent_at, self.token_times[0], stops)
         )
 
+    def done_net(self, stops: list[tuple[float, float]]) -> float | None:
+        """Completion time net of the time the machine was stopped meanwhile."""
+        if self.finished_at is None:
+            return None
+        return (
+            self.finished_at - self.sent_at - stopped_within(self.sent_at, self.finished_at, stops)
+        )
+
     def worst_gap_net(self, stops: list[tuple[float, float]]) -> float:
         """The worst gap, each gap net of the time the machine was stopped within it
         (``stops``: start, length, from :mod:`loadtests.stalls`)."""
