@@ -104,13 +104,21 @@ def rep(
     engine_queue_s: float | None = 0.05,
     queue_ms: float | None = None,
     invalid: int = 0,
+    overlap: bool = True,
 ) -> Repetition:
     """A repetition: a running chat with one long gap, two batch requests at ``batch_at``
     (100 s per repetition), two new chats; the first ``invalid`` new chats stop early;
-    the machine stopped for ``stall_spans`` (see ``in_gap`` and ``away``)."""
+    the machine stopped for ``stall_spans`` (see ``in_gap`` and ``away``). If
+    ``overlap``, the running stream goes on (0.01 s a token after its gap) until just
+    past the first batch token, so that it ``overlapped`` the batch; else it has its 20
+    tokens only, and ends before ``batch_at``."""
     batch_at = 100.0 * index
+    # its last token: batch_at - 0.9 + (tokens - 1) * 0.01 + running_gap
+    tokens = 20
+    if overlap:
+        tokens = max(tokens, int((batch_ttft + 0.9 - running_gap) / 0.01) + 3)
     records = [
-        rec("running", 0, at=batch_at - 1.0, ttft=0.1),
+        rec("running", 0, at=batch_at - 1.0, ttft=0.1, tokens=tokens),
         rec("batch", 0, at=batch_at, ttft=batch_ttft),
         rec("batch", 1, at=batch_at, ttft=batch_ttft + 0.5),
         rec("new", 0, at=batch_at + 0.5, ttft=new_ttft, queue_ms=queue_ms, ok=invalid < 1),
@@ -144,7 +152,8 @@ def in_gap(index: int, seconds: float) -> tuple[float, float]:
 
 def away(index: int, seconds: float) -> tuple[float, float]:
     """A stop of the machine in repetition ``index`` after the running stream ended
-    (its last token comes before ``batch_at``): it overlaps none of its gaps."""
+    (its last token comes just after the first batch token, a few seconds after
+    ``batch_at`` at most): it overlaps none of its gaps."""
     return (100.0 * index + 10.0, seconds)
 
 
@@ -213,6 +222,60 @@ def test_a_repetitions_stalls_are_the_lengths_of_its_stops() -> None:
     assert r.stalls == []
     r.stall_spans = [(99.0, 0.25), (110.0, 1.5)]
     assert r.stalls == [0.25, 1.5]
+
+
+def test_a_records_times_net_of_stops_take_off_only_the_stops_within_them() -> None:
+    r = rec("new", 0, at=10.0, ttft=1.0)  # first token at 11, finished at 11.021
+    # before it was sent, 0.25 s of its wait, 0.011 s of its answer, and after it
+    stops = [(9.0, 0.5), (10.5, 0.25), (11.01, 0.5), (20.0, 1.0)]
+    assert r.ttft_net(stops) == pytest.approx(1.0 - 0.25)
+    assert r.done_net(stops) == pytest.approx(1.021 - 0.25 - 0.011)
+    assert r.done_net([]) == pytest.approx(r.done)
+    r.finished_at = None
+    assert r.done_net(stops) is None
+
+
+def test_a_repetition_overlapped_the_batch_if_the_stream_ran_past_a_first_batch_token() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    running = r.of("running")[0]
+    assert running.token_times[-1] > 100.0 + 2.0
+    assert r.overlapped
+    # the earliest first batch token counts, not the last
+    r.of("batch")[1].token_times = [t + 50.0 for t in r.of("batch")[1].token_times]
+    assert r.overlapped
+
+
+def test_a_stream_that_ended_before_any_first_batch_token_did_not_overlap() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False)
+    assert r.of("running")[0].token_times[-1] < 100.0
+    assert not r.overlapped
+    # just after the first batch token is enough
+    running = r.of("running")[0]
+    running.token_times.append(r.of("batch")[0].token_times[0] + 0.001)
+    assert r.overlapped
+
+
+def test_no_batch_tokens_or_no_stream_tokens_is_no_overlap() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    for x in r.of("batch"):
+        x.token_times = []
+    assert not r.overlapped
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    r.of("running")[0].token_times = []
+    assert not r.overlapped
+
+
+def test_the_batch_time_net_of_stops_takes_off_only_the_stops_while_it_ran() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    done = 2.5 + 0.031
+    assert r.batch_done_net_s == pytest.approx(done)
+    # one before the batch came, one within it, one over its end (0.531 s of it within)
+    r.stall_spans = [(99.0, 0.5), (100.5, 1.0), (102.0, 5.0)]
+    assert r.batch_done_s == pytest.approx(done)
+    assert r.batch_done_net_s == pytest.approx(done - 1.0 - 0.531)
+    for x in r.of("batch"):
+        x.finished_at = None
+    assert math.isnan(r.batch_done_net_s)
 
 
 def test_warm_leaves_out_the_cold_and_the_set_aside_repetitions() -> None:
@@ -356,6 +419,70 @@ def test_batch_done_median_and_max_are_over_the_warm_repetitions() -> None:
     assert s["batch_done_max"] == pytest.approx(max(done))
 
 
+def test_a_repetition_whose_stream_did_not_overlap_the_batch_has_no_net_gap() -> None:
+    result = fcfs_result()
+    # its 0.91 s gap ended before the batch's first token: it says nothing of the batch
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=0.9, batch_ttft=2.0, overlap=False)
+    )
+    s = summarize(result)
+    assert (s["warm_repetitions"], s["running_overlapped"]) == (3, 2)
+    # the raw gaps keep it
+    assert s["running_worst_gap"] == pytest.approx(0.91)
+    assert s["running_worst_gap_median"] == pytest.approx(0.81)
+    # the net ones do not
+    assert s["running_worst_gap_net"] == pytest.approx(0.81)
+    assert s["running_worst_gap_net_median"] == pytest.approx((0.41 + 0.81) / 2)
+
+
+def test_with_no_repetition_overlapping_the_batch_the_net_gap_is_nan() -> None:
+    result = ArmResult(
+        ARM["fcfs"],
+        "c",
+        1.0,
+        repetitions=[
+            rep("fcfs", i, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False)
+            for i in (1, 2)
+        ],
+    )
+    s = summarize(result)
+    assert (s["warm_repetitions"], s["running_overlapped"]) == (2, 0)
+    assert s["running_worst_gap_median"] == pytest.approx(0.41)
+    assert math.isnan(s["running_worst_gap_net"])
+    assert math.isnan(s["running_worst_gap_net_median"])
+
+
+def test_the_new_chats_and_the_batch_are_summarized_net_of_stops_too() -> None:
+    # repetition 2: the machine stopped from 201 s to 202.5 s, over both new chats'
+    # waits (sent at 200.5 and 201, first tokens at 201.5 and 203) and the batch's
+    # (200 s to 202.531 s)
+    result = ArmResult(
+        ARM["fcfs"],
+        "c",
+        1.0,
+        repetitions=[
+            rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0),
+            rep(
+                "fcfs",
+                2,
+                new_ttft=1.0,
+                running_gap=0.4,
+                batch_ttft=2.0,
+                stall_spans=((201.0, 1.5),),
+            ),
+        ],
+    )
+    assert sorted(result.net("new", "ttft")) == pytest.approx([0.5, 0.5, 1.0, 2.0])
+    assert sorted(result.net("new", "done")) == pytest.approx([0.5, 0.521, 1.021, 2.021])
+    s = summarize(result)
+    assert (s["new_chat_ttft_p50"], s["new_chat_ttft_p95"]) == pytest.approx((1.0, 2.0))
+    assert (s["new_chat_ttft_net_p50"], s["new_chat_ttft_net_p95"]) == pytest.approx((0.5, 2.0))
+    assert (s["new_chat_done_net_p50"], s["new_chat_done_net_p95"]) == pytest.approx((0.521, 2.021))
+    assert s["batch_done_median"] == pytest.approx(2.531)
+    assert s["batch_done_net_median"] == pytest.approx((2.531 + 1.031) / 2)
+    assert s["running_overlapped"] == 2
+
+
 def test_the_engine_queue_mean_skips_repetitions_without_one() -> None:
     s = summarize(fcfs_result())
     assert s["engine_queue_mean_s"] == pytest.approx(0.05)
@@ -403,6 +530,10 @@ def test_an_arm_without_warm_repetitions_has_nan_statistics() -> None:
     assert math.isnan(s["running_worst_gap_net"])
     assert math.isnan(s["running_worst_gap_net_median"])
     assert math.isnan(s["batch_done_median"])
+    assert math.isnan(s["batch_done_net_median"])
+    assert math.isnan(s["new_chat_ttft_net_p95"])
+    assert math.isnan(s["new_chat_done_net_p95"])
+    assert s["running_overlapped"] == 0
     assert (s["valid"], s["requests"], s["engine_queue_mean_s"]) == (0, 0, None)
 
 
@@ -417,10 +548,16 @@ def summary(arm: str, **values: Any) -> Json:
         "new_chat_ttft_p95": 1.0,
         "new_chat_done_p50": 1.0,
         "new_chat_done_p95": 1.0,
+        "new_chat_ttft_net_p50": 1.0,
+        "new_chat_ttft_net_p95": 1.0,
+        "new_chat_done_net_p50": 1.0,
+        "new_chat_done_net_p95": 1.0,
         "running_worst_gap": 0.5,
         "running_worst_gap_median": 0.2,
         "running_worst_gap_net": 0.4,
         "running_worst_gap_net_median": 0.15,
+        "running_overlapped": 3,
+        "warm_repetitions": 3,
         "batch_ttft_p50": 2.0,
         "batch_ttft_p95": 3.0,
         "batch_done_median": 10.0,
@@ -433,11 +570,16 @@ def summary(arm: str, **values: Any) -> Json:
 
 def passing(**changes: Json) -> list[Json]:
     """Four arms on which every check is met, with some arms' values changed."""
+    p95 = {"fcfs": (8.0, 9.0), "priority": (2.0, 2.0), "budget512": (1.5, 1.5), "proxy": (1, 1)}
     arms = {
-        "fcfs": summary("fcfs", new_chat_ttft_p95=8.0, new_chat_done_p95=9.0),
-        "priority": summary("priority", new_chat_ttft_p95=2.0, new_chat_done_p95=2.0),
-        "budget512": summary("budget512", new_chat_ttft_p95=1.5, new_chat_done_p95=1.5),
-        "proxy": summary("proxy", new_chat_ttft_p95=1.0, new_chat_done_p95=1.0),
+        key: summary(
+            key,
+            new_chat_ttft_p95=ttft,
+            new_chat_done_p95=done,
+            new_chat_ttft_net_p95=ttft,
+            new_chat_done_net_p95=done,
+        )
+        for key, (ttft, done) in p95.items()
     }
     return [{**s, **changes.get(key, {})} for key, s in arms.items()]
 
@@ -464,7 +606,7 @@ def test_the_order_of_the_summaries_does_not_matter() -> None:
 
 @pytest.mark.parametrize("column", ["TTFT", "done"])
 def test_fcfs_must_be_more_than_five_times_slower_than_the_proxy(column: str) -> None:
-    key = {"TTFT": "new_chat_ttft_p95", "done": "new_chat_done_p95"}[column]
+    key = {"TTFT": "new_chat_ttft_net_p95", "done": "new_chat_done_net_p95"}[column]
     what = f"new chat {column} p95: fcfs / proxy"
     exactly = by_what(verdict(passing(fcfs={key: 5.0})))[what]
     assert (exactly.value, exactly.met) == (5.0, False)
@@ -474,12 +616,30 @@ def test_fcfs_must_be_more_than_five_times_slower_than_the_proxy(column: str) ->
 @pytest.mark.parametrize("arm", ["priority", "budget512"])
 @pytest.mark.parametrize("column", ["TTFT", "done"])
 def test_the_proxy_must_beat_engine_priority_and_small_steps(arm: str, column: str) -> None:
-    key = {"TTFT": "new_chat_ttft_p95", "done": "new_chat_done_p95"}[column]
+    key = {"TTFT": "new_chat_ttft_net_p95", "done": "new_chat_done_net_p95"}[column]
     what = f"new chat {column} p95: {arm} / proxy"
     tie = by_what(verdict(passing(**{arm: {key: 1.0}})))
     assert (tie[what].value, tie[what].met) == (1.0, False)
     assert [c.what for c in tie.values() if not c.met] == [what]
     assert by_what(verdict(passing(**{arm: {key: 1.01}})))[what].met
+
+
+@pytest.mark.parametrize("column", ["ttft", "done"])
+def test_the_new_chat_checks_take_the_times_net_of_machine_stops(column: str) -> None:
+    label = {"ttft": "TTFT", "done": "done"}[column]
+    what = f"new chat {label} p95: fcfs / proxy"
+    # the proxy's raw p95 is huge (a stop of the machine), net of the stops it is not
+    stopped = passing(proxy={f"new_chat_{column}_p95": 50.0})
+    assert by_what(verdict(stopped))[what].met
+    # and the other way: the check reads the net p95, not the raw one
+    slow = passing(proxy={f"new_chat_{column}_net_p95": 4.0})
+    check = by_what(verdict(slow))[what]
+    assert check.value == pytest.approx(p95_of_fcfs(column) / 4.0)
+    assert not check.met
+
+
+def p95_of_fcfs(column: str) -> float:
+    return next(s for s in passing() if s["arm"] == "fcfs")[f"new_chat_{column}_net_p95"]
 
 
 GAP = "running worst gap: proxy / 512-token steps"
@@ -520,6 +680,13 @@ def test_the_running_gap_check_takes_the_gaps_net_of_machine_stops() -> None:
 BATCH = "batch done: proxy / FCFS"
 
 
+def test_the_batch_check_takes_the_time_net_of_machine_stops() -> None:
+    raw = by_what(verdict(passing(proxy={"batch_done_median": 50.0})))[BATCH]
+    assert (raw.value, raw.met) == (1.0, True)
+    net = by_what(verdict(passing(proxy={"batch_done_net_median": 50.0})))[BATCH]
+    assert (net.value, net.met) == (5.0, False)
+
+
 def test_the_batch_may_finish_up_to_a_fifth_later_than_under_fcfs() -> None:
     at_bar = by_what(verdict(passing(proxy={"batch_done_net_median": 12.0})))[BATCH]
     assert (at_bar.value, at_bar.bar, at_bar.met) == (1.2, 1.2, True)
@@ -552,8 +719,10 @@ def test_the_table_has_one_row_per_arm_in_order() -> None:
     assert lines[2].startswith(f"| {ARM['fcfs'].name} | 2.00 s / 4.00 s |")
     assert lines[3].startswith("| second |")
     assert lines[2].endswith("| 10/10 |")
-    assert all(line.count("|") == 9 for line in lines)
-    assert "| same, net of machine stops |" in lines[0]
+    assert all(line.count("|") == 11 for line in lines)
+    assert lines[0].count("| same, net of stops") == 3
+    assert "repetitions it overlapped the batch |" in lines[0]
+    assert "| batch done, median (net of stops) |" in lines[0]
 
 
 def test_the_table_writes_short_times_in_milliseconds() -> None:
@@ -565,8 +734,40 @@ def test_the_table_writes_short_times_in_milliseconds() -> None:
         running_worst_gap_net_median=0.0075,
     )
     row = table([s]).splitlines()[2]
-    assert "| 12 ms (2.50 s) | 8 ms (250 ms) |" in row
+    assert "| 12 ms (2.50 s) | 8 ms (250 ms; 3 of 3) |" in row
     assert "| 10.00 s (10.00 s) |" in row
+
+
+def test_the_table_shows_the_raw_and_net_times_side_by_side() -> None:
+    s = summary(
+        "proxy",
+        new_chat_ttft_p50=0.5,
+        new_chat_ttft_p95=3.0,
+        new_chat_ttft_net_p50=0.25,
+        new_chat_ttft_net_p95=0.75,
+        new_chat_done_p50=4.0,
+        new_chat_done_p95=5.0,
+        new_chat_done_net_p50=2.0,
+        new_chat_done_net_p95=2.5,
+        running_worst_gap_net_median=0.327,
+        running_worst_gap_net=0.327,
+        running_overlapped=1,
+        batch_done_median=20.0,
+        batch_done_net_median=18.2,
+    )
+    cells = [c.strip() for c in table([s]).splitlines()[2].split("|")[1:-1]]
+    assert cells == [
+        ARM["proxy"].name,
+        "500 ms / 3.00 s",
+        "250 ms / 750 ms",
+        "4.00 s / 5.00 s",
+        "2.00 s / 2.50 s",
+        "200 ms (500 ms)",
+        "327 ms (327 ms; 1 of 3)",
+        "20.00 s (18.20 s)",
+        "2.00 s / 3.00 s",
+        "20/20",
+    ]
 
 
 # -- report and load --------------------------------------------------------------------
