@@ -67,6 +67,10 @@ class StallWatch:
         if self._process is not None:
             self._process.kill()
             self._process.wait(5)
+            if self._reader is not None:
+                self._reader.join(5)
+            if self._process.stdout is not None:
+                self._process.stdout.close()
 
 
 def overlaps(a: float, b: float, spans: list[tuple[float, float]]) -> bool:

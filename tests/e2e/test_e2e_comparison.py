@@ -40,7 +40,8 @@ def test_the_proxy_beats_every_direct_arm_on_new_chat_latency(
     by = {s["arm"]: s for s in summaries}
     proxy = by["proxy"]
     assert all(s["valid"] == s["requests"] for s in summaries), "every answer whole"
-    for column in ("new_chat_ttft_p95", "new_chat_done_p95"):
+    # Net of the machine's own stops, as the harness's verdict (loadtests.compare).
+    for column in ("new_chat_ttft_net_p95", "new_chat_done_net_p95"):
         assert by["fcfs"][column] > 5 * proxy[column], column
         assert by["budget512"][column] > 2 * proxy[column], column
         assert by["priority"][column] > 1.5 * proxy[column], column
