@@ -7,6 +7,7 @@ machine, so they can be set against another process's (:mod:`loadtests.stalls`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -90,6 +91,11 @@ class Record:
             and self.finish_reason == "length"
             and self.completion_tokens == self.max_tokens
         )
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Record:
+        """A record from a row of ``to_json`` (other keys of the row are ignored)."""
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

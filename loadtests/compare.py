@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -48,12 +47,14 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.baseline import Prompts, Workload, prepare, run_once
 from loadtests.client import Record
 from loadtests.corpus import Tokenizer
 from loadtests.stalls import StallWatch, stopped_within
 from loadtests.vllm import MODEL_NAME, REPO, free_port, start_vllm
+from proxy.scheduler.budget import percentile
 
 logger = logging.getLogger(__name__)
 
@@ -210,16 +211,24 @@ def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
         log.close()
 
 
+def samples(text: str) -> dict[str, float]:
+    """A Prometheus exposition's samples, summed over label sets, by sample name."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
 def engine_totals(http: httpx.Client) -> dict[str, float]:
     """Sums and counts of vLLM's queue-time and prefill-time histograms."""
-    totals: dict[str, float] = {}
-    for line in http.get("/metrics").text.splitlines():
-        for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"):
-            for suffix in ("_sum", "_count"):
-                if line.startswith(name + suffix + "{") or line.startswith(name + suffix + " "):
-                    key = name + suffix
-                    totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return totals
+    found = samples(http.get("/metrics").text)
+    return {
+        name + suffix: found[name + suffix]
+        for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+        for suffix in ("_sum", "_count")
+        if name + suffix in found
+    }
 
 
 def _mean_delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
@@ -233,23 +242,18 @@ def proxy_budget(url: str | None) -> float | None:
     """The proxy's batch prefill budget (``whoseturn_prefill_budget_tokens``)."""
     if url is None:
         return None
-    text = httpx.get(url + "/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith("whoseturn_prefill_budget_tokens{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return samples(httpx.get(url + "/metrics", timeout=10).text).get(
+        "whoseturn_prefill_budget_tokens"
+    )
 
 
 def wait_idle(http: httpx.Client, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = http.get("/metrics").text
-        busy = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
-        ]
-        if not any(busy):
+        found = samples(http.get("/metrics").text)
+        if not found.get("vllm:num_requests_running") and not found.get(
+            "vllm:num_requests_waiting"
+        ):
             return
         time.sleep(0.2)
     raise RuntimeError("the engine did not go idle")
@@ -371,12 +375,8 @@ async def _one(
 
 
 def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank quantile; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, -(-round(q * len(ordered) * 1e9) // int(1e9)))
-    return ordered[min(rank, len(ordered)) - 1]
+    """Nearest-rank quantile (the scheduler's own); NaN for no values."""
+    return percentile(list(values), q) if values else float("nan")
 
 
 def summarize(result: ArmResult) -> dict[str, Any]:
@@ -592,7 +592,6 @@ def load(out: Path) -> tuple[list[ArmResult], dict[str, Any]]:
         )
         for s in summary["arms"]
     }
-    fields = {f.name for f in dataclasses.fields(Record)}
     reps: dict[tuple[str, int, bool, float], Repetition] = {}
     for line in (out / "records.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -605,7 +604,7 @@ def load(out: Path) -> tuple[list[ArmResult], dict[str, Any]]:
                 tuple(row["proxy_budget"]) if row.get("proxy_budget") else None,
             )  # fmt: skip
             results[row["arm"]].repetitions.append(reps[key])
-        reps[key].records.append(Record(**{k: v for k, v in row.items() if k in fields}))
+        reps[key].records.append(Record.from_json(row))
     return list(results.values()), summary["meta"]
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.compare import seconds as _s
 from loadtests.stalls import stopped_within
 from proxy.scheduler import TrafficClass
 from proxy.scheduler.budget import percentile
@@ -106,6 +107,7 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
         ):
             key = (arm, CLASS_OF.get(r["kind"], TrafficClass.BATCH))
             if r["ttft"] is not None and replayed.ttft_s is not None:
+                # Record.ttft_net's arithmetic, on the row's own ttft
                 first = r["sent_at"] + r["ttft"]
                 stops = [(float(a), float(s)) for a, s in r.get("stall_spans", [])]
                 real[key].append(r["ttft"] - stopped_within(r["sent_at"], first, stops))
@@ -125,10 +127,6 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
         )
         for arm, cls in real
     ]
-
-
-def _s(value: float) -> str:
-    return f"{value * 1000:,.0f} ms" if value < 1 else f"{value:,.2f} s"
 
 
 def table(rows: Sequence[Row]) -> str:
