@@ -2,7 +2,7 @@
 
 Each warm repetition of a :mod:`loadtests.compare` run becomes a script — every
 request's arrival offset, class, prompt tokens (as vLLM counted them) and answer
-length — replayed by :func:`proxy.sim.replay.replay` with a fitted profile and the
+length — replayed by :func:`loadtests.sim.replay.replay` with a fitted profile and the
 arm's engine flags (through the proxy's scheduler for the proxy arm). Time to first
 token is then set side by side per arm and class, p50 and p95 over the warm
 repetitions: real (at the client) against simulated. The real value is taken net of
@@ -28,9 +28,9 @@ from loadtests.compare import seconds as _s
 from loadtests.stalls import stopped_within
 from proxy.scheduler import TrafficClass
 from proxy.scheduler.budget import percentile
-from proxy.sim.profile import Profile, load_profile
-from proxy.sim.replay import ReplayArm, ScriptedRequest, replay
-from proxy.sim.settings import scheduler_config
+from loadtests.sim.profile import Profile, load_profile
+from loadtests.sim.replay import ReplayArm, ScriptedRequest, replay
+from loadtests.sim.settings import scheduler_config
 
 PROFILE = "vllm-cpu-tiny"
 BAR = 0.30

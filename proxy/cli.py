@@ -7,11 +7,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from proxy.probe.command import add_probe_parser, run_probe_command
-from proxy.sim.calibrate.command import add_arguments as add_calibrate_arguments
-from proxy.sim.calibrate.command import run as run_calibrate
-from proxy.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
-from proxy.sim.settings import SimSettings, scheduler_config
+from loadtests.probe.command import add_probe_parser, run_probe_command
+from loadtests.probe.calibrate.command import add_arguments as add_calibrate_arguments
+from loadtests.probe.calibrate.command import run as run_calibrate
+from loadtests.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
+from loadtests.sim.settings import SimSettings, scheduler_config
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         if args.command == "sim" and args.sim_command == "interference":
-            from proxy.sim.interference import run_interference
+            from loadtests.sim.interference import run_interference
 
             return run_interference(_sim_settings_for_table(args), args)
         if args.command == "sim" and args.sim_command == "calibrate":
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sim" and args.sim_command == "evaluate":
             return _evaluate(_sim_settings_for_table(args), args)
         if args.command == "sim":
-            from proxy.sim.server import serve
+            from loadtests.sim.server import serve
 
             return serve(_sim_settings(args))
         if args.command == "serve":
@@ -208,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
-    from proxy.sim import twin
+    from loadtests.sim import twin
 
     workload = twin.MixedWorkload(
         duration_s=args.duration,

@@ -1,6 +1,6 @@
 """A simulated engine on a real loopback socket, and helpers to read its /metrics.
 
-:func:`run_server` starts :func:`proxy.sim.server.create_sim_app` under uvicorn in a
+:func:`run_server` starts :func:`loadtests.sim.server.create_sim_app` under uvicorn in a
 background thread on a free port and stops it on exit; :func:`serve_app` does the
 same for any ASGI app (the proxy's tests use it). Tests talk to the servers over
 HTTP only, with httpx or the official ``openai`` client.
@@ -21,9 +21,9 @@ import openai
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.sim.profile import load_profile
-from proxy.sim.server import create_sim_app
-from proxy.sim.settings import SimSettings, scheduler_config
+from loadtests.sim.profile import load_profile
+from loadtests.sim.server import create_sim_app
+from loadtests.sim.settings import SimSettings, scheduler_config
 
 MODEL = "tiny"
 

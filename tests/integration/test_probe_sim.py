@@ -14,9 +14,9 @@ import json
 import pytest
 
 from proxy.cli import main
-from proxy.probe import ProbeConfig, Verdict, run_probe
-from proxy.sim.profile import load_profile
-from proxy.sim.settings import SimSettings, scheduler_config
+from loadtests.probe import ProbeConfig, Verdict, run_probe
+from loadtests.sim.profile import load_profile
+from loadtests.sim.settings import SimSettings, scheduler_config
 
 from .simserver import MODEL, run_server
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from proxy.cli import main
-from proxy.sim.profile import StepCost, load_profile
+from loadtests.sim.profile import StepCost, load_profile
 
 from .proxyserver import free_port
 from .simserver import MODEL

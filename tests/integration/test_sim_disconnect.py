@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from proxy.sim.server import SimState, create_sim_app
+from loadtests.sim.server import SimState, create_sim_app
 
 from .simserver import SimServer, run_server, sim_settings
 

@@ -7,8 +7,8 @@ import pytest
 from proxy.engines import parse_load
 from proxy.engines._metrics import MetricsParseError
 from proxy.scheduler import EngineLoad
-from proxy.sim.scheduler import SchedulerConfig
-from proxy.sim.server.metrics import SimMetrics
+from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.server.metrics import SimMetrics
 
 from .helpers import METRICS_TEXT
 

@@ -11,9 +11,9 @@ import pytest
 
 from loadtests.fidelity import BAR, Row, arm_for, compare, read_records, table
 from proxy.scheduler import TrafficClass
-from proxy.sim.profile import load_profile
-from proxy.sim.queues import SchedulingPolicy
-from proxy.sim.replay import ScriptedRequest, replay
+from loadtests.sim.profile import load_profile
+from loadtests.sim.queues import SchedulingPolicy
+from loadtests.sim.replay import ScriptedRequest, replay
 
 Json = dict[str, Any]
 INTERACTIVE, BATCH = TrafficClass.INTERACTIVE, TrafficClass.BATCH

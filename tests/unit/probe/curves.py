@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.probe.measurements import Injection
+from loadtests.probe.measurements import Injection
 
 SIZES = (128, 256, 512, 1024, 2048, 4096, 8128)
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.probe.analysis import ChunkFrom, Verdict, analyze
-from proxy.probe.measurements import Injection
+from loadtests.probe.analysis import ChunkFrom, Verdict, analyze
+from loadtests.probe.measurements import Injection
 
 from .curves import SIZES, Engine, Noise, injections
 

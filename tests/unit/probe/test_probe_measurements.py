@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.probe.measurements import Injection, SizeStalls, group_by_size, unsettled_sizes
+from loadtests.probe.measurements import Injection, SizeStalls, group_by_size, unsettled_sizes
 
 
 def row(*stalls: float, steps: tuple[int, ...] = (1,)) -> SizeStalls:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from proxy.probe.analysis import Analysis, ChunkFrom, Verdict, analyze
-from proxy.probe.report import render_text, summary, to_json
-from proxy.probe.result import EngineInfo, ProbeResult
+from loadtests.probe.analysis import Analysis, ChunkFrom, Verdict, analyze
+from loadtests.probe.report import render_text, summary, to_json
+from loadtests.probe.result import EngineInfo, ProbeResult
 
 from .curves import SIZES, Engine, injections
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.probe.runner import (
+from loadtests.probe.runner import (
     ProbeConfig,
     ProbeError,
     PromptMaker,

@@ -7,10 +7,10 @@ import random
 from typing import Any
 
 from proxy.clock import VirtualClock
-from proxy.sim.engine import SimEngine, StepResult
-from proxy.sim.profile import StepCost
-from proxy.sim.request import SimRequest
-from proxy.sim.scheduler import (
+from loadtests.sim.engine import SimEngine, StepResult
+from loadtests.sim.profile import StepCost
+from loadtests.sim.request import SimRequest
+from loadtests.sim.scheduler import (
     EngineScheduler,
     SchedulerConfig,
     SchedulerOutput,

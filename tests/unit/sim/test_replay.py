@@ -1,4 +1,4 @@
-"""Scripted replays on the simulated engine, in virtual time (proxy.sim.replay).
+"""Scripted replays on the simulated engine, in virtual time (loadtests.sim.replay).
 
 The benchmark script is the real-vLLM one: a chat stream running, eight 5,300-token
 batch prompts at once, three short chats over the next 1.5 s. With the profile
@@ -13,15 +13,15 @@ import itertools
 import pytest
 
 from proxy.scheduler import EngineSettings, TrafficClass
-from proxy.sim.profile import load_profile
-from proxy.sim.replay import (
+from loadtests.sim.profile import load_profile
+from loadtests.sim.replay import (
     ReplayArm,
     ReplayedRequest,
     ScriptedRequest,
     replay,
     ttft_percentiles,
 )
-from proxy.sim.settings import scheduler_config
+from loadtests.sim.settings import scheduler_config
 
 INTERACTIVE, BATCH = TrafficClass.INTERACTIVE, TrafficClass.BATCH
 PROFILE = load_profile("vllm-cpu-tiny")

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from proxy.clock import VirtualClock
-from proxy.sim.calibrate.fit import OVERHEAD, fit, lstsq
-from proxy.sim.calibrate.measure import Plan
-from proxy.sim.calibrate.report import profile_file, report, residual_summary
-from proxy.sim.calibrate.samples import (
+from loadtests.probe.calibrate.fit import OVERHEAD, fit, lstsq
+from loadtests.probe.calibrate.measure import Plan
+from loadtests.probe.calibrate.report import profile_file, report, residual_summary
+from loadtests.probe.calibrate.samples import (
     Kind,
     Measurement,
     WindowError,
@@ -28,7 +28,7 @@ from proxy.sim.calibrate.samples import (
     stall_step,
     steady_gap,
 )
-from proxy.sim.calibrate.wire import (
+from loadtests.probe.calibrate.wire import (
     INTER_TOKEN,
     PREFILL_TIME,
     EngineClock,
@@ -39,10 +39,10 @@ from proxy.sim.calibrate.wire import (
     _on_line,
     engine_info,
 )
-from proxy.sim.engine import SimEngine, StepResult
-from proxy.sim.profile import StepCost, load_profile
-from proxy.sim.scheduler import SchedulerConfig
-from proxy.sim.virtual import VirtualRunner
+from loadtests.sim.engine import SimEngine, StepResult
+from loadtests.sim.profile import StepCost, load_profile
+from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.virtual import VirtualRunner
 
 from .helpers import unique_prompt
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sim.cost import step_seconds
-from proxy.sim.profile import StepCost, load_profile
-from proxy.sim.scheduler import ScheduledChunk, SchedulerOutput
+from loadtests.sim.cost import step_seconds
+from loadtests.sim.profile import StepCost, load_profile
+from loadtests.sim.scheduler import ScheduledChunk, SchedulerOutput
 
 from .helpers import drain, make_engine, run_with_arrivals, unique_prompt
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sim import SimEngine, VirtualClock
-from proxy.sim.profile import StepCost
-from proxy.sim.queues import SchedulingPolicy
-from proxy.sim.request import RequestStatus
-from proxy.sim.scheduler import SchedulerConfig
-from proxy.sim.virtual import VirtualRunner
+from loadtests.sim import SimEngine, VirtualClock
+from loadtests.sim.profile import StepCost
+from loadtests.sim.queues import SchedulingPolicy
+from loadtests.sim.request import RequestStatus
+from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.virtual import VirtualRunner
 
 from .helpers import UNIT_COST, drain, engine_step, make_engine, unique_prompt
 

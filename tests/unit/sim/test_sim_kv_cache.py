@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from proxy.sim.kv_cache import KVCacheManager, block_hashes
-from proxy.sim.profile import load_profile
-from proxy.sim.request import SimRequest
+from loadtests.sim.kv_cache import KVCacheManager, block_hashes
+from loadtests.sim.profile import load_profile
+from loadtests.sim.request import SimRequest
 
 from .helpers import drain, make_engine, make_request, make_scheduler, step, unique_prompt
 

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sim.profile import (
+from loadtests.sim.profile import (
     EngineDefaults,
     Profile,
     ProfileError,

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from proxy.sim import SimEngine, VirtualClock
-from proxy.sim.profile import StepCost
-from proxy.sim.queues import SchedulingPolicy
-from proxy.sim.request import RequestStatus, SimRequest
-from proxy.sim.scheduler import SchedulerConfig, SchedulerOutput
+from loadtests.sim import SimEngine, VirtualClock
+from loadtests.sim.profile import StepCost
+from loadtests.sim.queues import SchedulingPolicy
+from loadtests.sim.request import RequestStatus, SimRequest
+from loadtests.sim.scheduler import SchedulerConfig, SchedulerOutput
 
 from .helpers import check_kv_accounting
 

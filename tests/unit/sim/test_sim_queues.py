@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sim.queues import (
+from loadtests.sim.queues import (
     FCFSQueue,
     PriorityQueue,
     SchedulingPolicy,

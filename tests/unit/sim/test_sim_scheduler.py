@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sim.queues import SchedulingPolicy
-from proxy.sim.request import RequestStatus
-from proxy.sim.scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
+from loadtests.sim.queues import SchedulingPolicy
+from loadtests.sim.request import RequestStatus
+from loadtests.sim.scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
 
 from .helpers import chunk_of, make_request, make_scheduler, run_until_idle, step
 

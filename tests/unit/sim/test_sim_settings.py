@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sim.profile import load_profile
-from proxy.sim.queues import SchedulingPolicy
-from proxy.sim.settings import SimSettings, scheduler_config
+from loadtests.sim.profile import load_profile
+from loadtests.sim.queues import SchedulingPolicy
+from loadtests.sim.settings import SimSettings, scheduler_config
 
 H100 = load_profile("h100-llama3-8b")
 TINY = load_profile("cpu-tiny")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sim.tokenizer import NUM_SPECIAL, SimTokenizer, message_text, prompt_seed
+from loadtests.sim.tokenizer import NUM_SPECIAL, SimTokenizer, message_text, prompt_seed
 
 TOK = SimTokenizer()
 

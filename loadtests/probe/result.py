@@ -1,0 +1,23 @@
+"""What a probe run produces: the engine it asked, every measurement, and the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loadtests.probe.analysis import Analysis
+from loadtests.probe.measurements import Injection
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineInfo:
+    url: str
+    model: str
+    max_model_len: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult:
+    engine: EngineInfo
+    injections: tuple[Injection, ...]
+    analysis: Analysis
+    elapsed_s: float

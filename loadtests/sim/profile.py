@@ -1,0 +1,135 @@
+"""Cost profiles: the coefficients of the step-time model, and engine defaults.
+
+A profile is a YAML data file. Built-in profiles live in ``loadtests/sim/profiles/``
+and are found by name; any other path to a YAML file works too, so a profile
+fitted to a real engine can be dropped in without touching code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PROFILE = "h100-llama3-8b"
+
+
+class ProfileError(ValueError):
+    """A profile is missing, unreadable or has a bad value."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCost:
+    """Step time = fixed + prefill part + decode part (all in seconds).
+
+    - ``fixed_s``: paid by every step (weights read, launch, scheduling).
+    - ``prefill_per_token_s``: per prompt token computed in the step.
+    - ``prefill_attention_per_token_context_s``: per prompt token per token of
+      context before it (the quadratic part of attention over long prompts).
+    - ``decode_per_token_s``: per decoding sequence in the step.
+    - ``decode_per_context_token_s``: per token of context the decoding sequences
+      attend to (KV-cache reads).
+    - ``decode_step_overhead_s``: paid once by a step that has any decode
+      (sampling and output processing).
+    """
+
+    fixed_s: float
+    prefill_per_token_s: float
+    decode_per_token_s: float
+    prefill_attention_per_token_context_s: float = 0.0
+    decode_per_context_token_s: float = 0.0
+    decode_step_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineDefaults:
+    """Engine settings a profile suggests; command-line flags override them."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+    block_size: int = 16
+    num_gpu_blocks: int = 8192
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    model: str
+    description: str
+    step: StepCost
+    engine: EngineDefaults = field(default_factory=EngineDefaults)
+
+
+def _build(cls: type[Any], data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected a mapping, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ProfileError(f"{where}: {exc}") from exc
+
+
+def profile_from_dict(data: Any, where: str = "profile") -> Profile:
+    """Validate a parsed profile document and build a :class:`Profile`."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected a mapping at top level")
+    body = dict(data)
+    step = _build(StepCost, body.pop("step", None), f"{where}: step")
+    engine = _build(EngineDefaults, body.pop("engine", {}), f"{where}: engine")
+    for key, value in vars(step).items():
+        # bool is an int, and YAML reads .nan and .inf as floats: none is a cost.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            raise ProfileError(f"{where}: step.{key} must be a non-negative number")
+    for key, value in vars(engine).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ProfileError(f"{where}: engine.{key} must be a positive integer")
+    profile: Profile = _build(Profile, {**body, "step": step, "engine": engine}, where)
+    return profile
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    folder = resources.files("loadtests.sim") / "profiles"
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
+    """Load a built-in profile by name, or a profile file by path."""
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} and path.exists():
+        text = path.read_text()
+    elif name_or_path in builtin_profiles():
+        text = (resources.files("loadtests.sim") / "profiles" / f"{name_or_path}.yaml").read_text()
+    else:
+        raise ProfileError(
+            f"no profile {name_or_path!r}: give a YAML file or one of {builtin_profiles()}"
+        )
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{name_or_path}: not valid YAML: {exc}") from exc
+    return profile_from_dict(data, name_or_path)
+
+
+def dump_profile(profile: Profile) -> str:
+    """Serialise a profile as YAML (used by calibration to write fitted profiles)."""
+    doc = {
+        "name": profile.name,
+        "model": profile.model,
+        "description": profile.description,
+        "step": vars(profile.step),
+        "engine": vars(profile.engine),
+    }
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,5 @@
+"""The simulated engine's HTTP edge: vLLM's OpenAI-compatible API over a SimEngine."""
+
+from loadtests.sim.server.app import SimState, create_sim_app, serve
+
+__all__ = ["SimState", "create_sim_app", "serve"]

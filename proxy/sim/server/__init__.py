@@ -1,5 +1,0 @@
-"""The simulated engine's HTTP edge: vLLM's OpenAI-compatible API over a SimEngine."""
-
-from proxy.sim.server.app import SimState, create_sim_app, serve
-
-__all__ = ["SimState", "create_sim_app", "serve"]
