@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.compare import seconds as _s
-from loadtests.stalls import stopped_within
-from proxy.scheduler import TrafficClass
-from proxy.scheduler.budget import percentile
 from loadtests.sim.profile import Profile, load_profile
 from loadtests.sim.replay import ReplayArm, ScriptedRequest, replay
 from loadtests.sim.settings import scheduler_config
+from loadtests.stalls import stopped_within
+from proxy.scheduler import TrafficClass
+from proxy.scheduler.budget import percentile
 
 PROFILE = "vllm-cpu-tiny"
 BAR = 0.30

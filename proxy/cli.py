@@ -7,9 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from loadtests.probe.command import add_probe_parser, run_probe_command
 from loadtests.probe.calibrate.command import add_arguments as add_calibrate_arguments
 from loadtests.probe.calibrate.command import run as run_calibrate
+from loadtests.probe.command import add_probe_parser, run_probe_command
 from loadtests.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
 from loadtests.sim.settings import SimSettings, scheduler_config
 

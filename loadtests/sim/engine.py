@@ -12,12 +12,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from proxy.clock import Clock
 from loadtests.sim.cost import step_seconds
 from loadtests.sim.profile import StepCost
 from loadtests.sim.request import SimRequest
 from loadtests.sim.scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
 from loadtests.sim.tokenizer import SimTokenizer, prompt_seed
+from proxy.clock import Clock
 
 
 @dataclass(frozen=True)

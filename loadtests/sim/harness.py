@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
 from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
+from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
 
 INTERACTIVE_PRIORITY = -10
 BATCH_PRIORITY = 0

@@ -18,13 +18,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.clock import VirtualClock
 from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import SimRequest
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.settings import SimSettings
 from loadtests.sim.virtual import VirtualRunner
+from proxy.clock import VirtualClock
 
 CHAT_PROMPT = 1000
 CHAT_ANSWER = 100

@@ -22,9 +22,6 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.clock import VirtualClock
-from proxy.scheduler import EngineSettings, Job, TrafficClass
-from proxy.scheduler.budget import percentile
 from loadtests.sim.engine import SimEngine
 from loadtests.sim.harness import (
     BATCH_PRIORITY,
@@ -37,6 +34,9 @@ from loadtests.sim.harness import (
 from loadtests.sim.profile import StepCost
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
+from proxy.clock import VirtualClock
+from proxy.scheduler import EngineSettings, Job, TrafficClass
+from proxy.scheduler.budget import percentile
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,9 +18,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.clock import VirtualClock
-from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
-from proxy.scheduler.budget import percentile
 from loadtests.sim.engine import SimEngine
 from loadtests.sim.harness import (
     BATCH_PRIORITY,
@@ -34,6 +31,9 @@ from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
+from proxy.clock import VirtualClock
+from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
+from proxy.scheduler.budget import percentile
 
 __all__ = [
     "BATCH_PRIORITY",

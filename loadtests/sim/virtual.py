@@ -14,9 +14,9 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 
-from proxy.clock import VirtualClock
 from loadtests.sim.engine import SimEngine, StepPlan, StepResult
 from loadtests.sim.request import SimRequest
+from proxy.clock import VirtualClock
 
 StepListener = Callable[[SimEngine, StepResult], None]
 

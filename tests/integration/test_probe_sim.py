@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from proxy.cli import main
 from loadtests.probe import ProbeConfig, Verdict, run_probe
 from loadtests.sim.profile import load_profile
 from loadtests.sim.settings import SimSettings, scheduler_config
+from proxy.cli import main
 
 from .simserver import MODEL, run_server
 

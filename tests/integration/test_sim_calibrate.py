@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.cli import main
 from loadtests.sim.profile import StepCost, load_profile
+from proxy.cli import main
 
 from .proxyserver import free_port
 from .simserver import MODEL

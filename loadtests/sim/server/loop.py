@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.clock import WallClock
 from loadtests.sim.engine import SimEngine, StepResult, TokenEvent
 from loadtests.sim.request import SimRequest
 from loadtests.sim.server.metrics import SimMetrics
+from proxy.clock import WallClock
 
 logger = logging.getLogger(__name__)
 

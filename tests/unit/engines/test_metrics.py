@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.server.metrics import SimMetrics
 from proxy.engines import parse_load
 from proxy.engines._metrics import MetricsParseError
 from proxy.scheduler import EngineLoad
-from loadtests.sim.scheduler import SchedulerConfig
-from loadtests.sim.server.metrics import SimMetrics
 
 from .helpers import METRICS_TEXT
 

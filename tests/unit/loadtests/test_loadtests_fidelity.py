@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from loadtests.fidelity import BAR, Row, arm_for, compare, read_records, table
-from proxy.scheduler import TrafficClass
 from loadtests.sim.profile import load_profile
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.replay import ScriptedRequest, replay
+from proxy.scheduler import TrafficClass
 
 Json = dict[str, Any]
 INTERACTIVE, BATCH = TrafficClass.INTERACTIVE, TrafficClass.BATCH

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.probe.timeline import Quiet, long_gaps, quiet_gaps, stall, step_threshold, tokens_after
+from loadtests.probe.timeline import (
+    Quiet,
+    long_gaps,
+    quiet_gaps,
+    stall,
+    step_threshold,
+    tokens_after,
+)
 
 # First token at 0 (after the stream's own prefill), then every 5 ms; one 100 ms
 # step between 0.040 and 0.140 (the injected prompt, sent at 0.038, answered at 0.141).

@@ -8,10 +8,10 @@ docs); they catch a scheduler that stops protecting chat or stops admitting batc
 
 from __future__ import annotations
 
-from proxy.scheduler import EngineSettings, TrafficClass, Turn
 from loadtests.sim.profile import load_profile
 from loadtests.sim.settings import scheduler_config
 from loadtests.sim.twin import MixedWorkload, run_direct, run_proxy
+from proxy.scheduler import EngineSettings, TrafficClass, Turn
 
 WORKLOAD = MixedWorkload(duration_s=60, warmup_s=10, batch_concurrency=64)
 

@@ -6,7 +6,6 @@ import itertools
 import random
 from typing import Any
 
-from proxy.clock import VirtualClock
 from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.profile import StepCost
 from loadtests.sim.request import SimRequest
@@ -16,6 +15,7 @@ from loadtests.sim.scheduler import (
     SchedulerOutput,
     TokenOutput,
 )
+from proxy.clock import VirtualClock
 
 UNIT_COST = StepCost(fixed_s=1.0, prefill_per_token_s=0.0, decode_per_token_s=0.0)
 """Every step takes one second of model time: step counts read as times."""

@@ -12,7 +12,6 @@ import itertools
 
 import pytest
 
-from proxy.scheduler import EngineSettings, TrafficClass
 from loadtests.sim.profile import load_profile
 from loadtests.sim.replay import (
     ReplayArm,
@@ -22,6 +21,7 @@ from loadtests.sim.replay import (
     ttft_percentiles,
 )
 from loadtests.sim.settings import scheduler_config
+from proxy.scheduler import EngineSettings, TrafficClass
 
 INTERACTIVE, BATCH = TrafficClass.INTERACTIVE, TrafficClass.BATCH
 PROFILE = load_profile("vllm-cpu-tiny")

@@ -15,7 +15,6 @@ import httpx
 import pytest
 import yaml
 
-from proxy.clock import VirtualClock
 from loadtests.probe.calibrate.fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
 from loadtests.probe.calibrate.report import profile_file, report, residual_summary
@@ -43,6 +42,7 @@ from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.profile import StepCost, load_profile
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
+from proxy.clock import VirtualClock
 
 from .helpers import unique_prompt
 
