@@ -2,15 +2,18 @@
 
 One repetition:
 
-1. A chat stream starts (a ~60-token question, a 1,000-token answer: long enough to
-   be still running while the batch is prefilled, even when the machine stops for
-   a second or two as the batch arrives; with the 400 tokens of the notes' baseline
-   it often finished, alone, during such a stop).
+1. A chat stream starts (a ~60-token question, an answer of up to 4,000 tokens).
 2. Once it is running (its first tokens arrived), eight batch prompts of ~5,300
    tokens each are submitted at once, each a different passage of real text.
 3. Three new short chat requests (16-token answers) arrive 0.5, 1.0 and 1.5 s after
    the batch.
-4. The repetition ends when every answer is whole.
+4. Once every batch prompt has its first token (its prefill is over) and the new
+   chats are done, the running stream is closed by the client: so it runs beside
+   the whole of the batch's prefill in every repetition, however fast or slow the
+   engine is, and its gaps always measure what the batch did to it. (An answer of a
+   fixed length either ends before the batch is prefilled now and then or keeps the
+   repetition running long after.)
+5. The repetition ends when every batch answer is whole.
 
 Every request asks vLLM for ``return_token_ids``, so that every token comes as its
 own chunk: this model's gibberish often holds its text back for many tokens (an
@@ -32,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.client import Record, stream
+from loadtests.client import Record, close, stream
 from loadtests.corpus import Prompt, Tokenizer, corpus, sized_prompt
 
 CHAT_PRIORITY = -10
@@ -41,7 +44,8 @@ BATCH_PRIORITY = 0
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    running_answer_tokens: int = 1000
+    # At most: the stream is closed once the batch is prefilled (step 4 above).
+    running_answer_tokens: int = 4000
     batch_prompts: int = 8
     batch_prompt_tokens: int = 5300
     batch_answer_tokens: int = 32
@@ -56,6 +60,7 @@ class Prompts:
     """One repetition's inputs: the same for every arm, unique across repetitions."""
 
     running: list[dict[str, str]]
+    running_tokens: int  # the running chat's prompt, as the engine counts it
     batch: list[Prompt]
     new_chats: list[list[dict[str, str]]]
 
@@ -90,7 +95,7 @@ def prepare(tokenizer: Tokenizer, workload: Workload, repetition: int) -> Prompt
         [{"role": "user", "content": f"Chat {repetition}-{i + 1}: {q}"}]
         for i, q in enumerate(QUESTIONS[1 : 1 + len(workload.new_chats_after_s)])
     ]
-    return Prompts(running, batch, new_chats)
+    return Prompts(running, tokenizer.count_messages(running), batch, new_chats)
 
 
 def _priority(body: dict[str, Any], priority: int | None) -> dict[str, Any]:
@@ -114,7 +119,12 @@ async def run_once(
     batch_priority = BATCH_PRIORITY if priorities else None
     chat = f"{chat_url}/chat/completions"
     running = Record(
-        f"{tag}-running", "running", chat, 0, workload.running_answer_tokens, time.monotonic()
+        f"{tag}-running",
+        "running",
+        chat,
+        prompts.running_tokens,
+        workload.running_answer_tokens,
+        time.monotonic(),
     )
     running_body = {
         "model": model,
@@ -130,6 +140,7 @@ async def run_once(
         await asyncio.sleep(0.005)
     batch_at = time.monotonic()
     records = [running]
+    batch_tasks: list[asyncio.Task[Record]] = []
     for i, prompt in enumerate(prompts.batch):
         record = Record(
             f"{tag}-batch-{i}",
@@ -147,7 +158,11 @@ async def run_once(
             "return_token_ids": True,
         }
         records.append(record)
-        tasks.append(asyncio.create_task(stream(http, record, _priority(body, batch_priority))))
+        batch_tasks.append(
+            asyncio.create_task(stream(http, record, _priority(body, batch_priority)))
+        )
+    tasks.extend(batch_tasks)
+    new_tasks: list[asyncio.Task[Record]] = []
     for i, (after, messages) in enumerate(
         zip(workload.new_chats_after_s, prompts.new_chats, strict=True)
     ):
@@ -163,6 +178,21 @@ async def run_once(
             "return_token_ids": True,
         }
         records.append(record)
-        tasks.append(asyncio.create_task(stream(http, record, _priority(body, chat_priority))))
-    await asyncio.gather(*tasks)
+        new_tasks.append(asyncio.create_task(stream(http, record, _priority(body, chat_priority))))
+    tasks.extend(new_tasks)
+    await _prefilled(records[1 : 1 + len(batch_tasks)], batch_tasks, new_tasks)
+    await close(running, tasks[0])
+    await asyncio.gather(*tasks[1:])
     return records, batch_at
+
+
+async def _prefilled(
+    batch: list[Record], batch_tasks: list[asyncio.Task[Record]], new: list[asyncio.Task[Record]]
+) -> None:
+    """Until every batch prompt has its first token (or has ended, failed) and every
+    new chat is done."""
+    pairs = list(zip(batch, batch_tasks, strict=True))
+    while True:
+        if all(r.token_times or t.done() for r, t in pairs) and all(t.done() for t in new):
+            return
+        await asyncio.sleep(0.005)

@@ -7,6 +7,8 @@ machine, so they can be set against another process's (:mod:`loadtests.stalls`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -32,6 +34,8 @@ class Record:
     headers_at: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_at: float | None = None
+    # When the client closed the stream on purpose (:func:`close`), before its end.
+    closed_at: float | None = None
     status: int | None = None
     finish_reason: str | None = None
     prompt_tokens: int | None = None
@@ -84,7 +88,10 @@ class Record:
     @property
     def valid(self) -> bool:
         """A whole answer: status 200, no error, ended by length at exactly
-        ``max_tokens`` tokens (the model never stops on its own)."""
+        ``max_tokens`` tokens (the model never stops on its own). A stream the client
+        closed on purpose is valid if it streamed tokens, without error, until then."""
+        if self.closed_at is not None:
+            return self.status == 200 and self.error is None and bool(self.token_times)
         return (
             self.status == 200
             and self.error is None
@@ -124,6 +131,17 @@ async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) 
         record.error = f"{type(exc).__name__}: {exc}"
     record.finished_at = time.monotonic()
     return record
+
+
+async def close(record: Record, task: asyncio.Task[Record]) -> None:
+    """Close ``record``'s stream (``task`` runs :func:`stream`) if it is still open: the
+    client hangs up, as a user who has read enough would."""
+    if task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    record.closed_at = record.finished_at = time.monotonic()
 
 
 def _event(record: Record, data: dict[str, Any], now: float) -> None:

@@ -20,8 +20,9 @@ recorded phase by phase (proxy queue wait, the engine's own queue and prefill ti
 time to first token, completion) with tail percentiles, and with the operating
 system's view: the engine's peak memory and the machine's own stops
 (:mod:`loadtests.stalls`). A warm repetition during which the machine stopped for
-longer than ``MAX_STALL_S`` is set aside and run again (up to ``EXTRA_TRIES`` times
-per arm); the set-aside ones are kept in the records, marked.
+longer than ``MAX_STALL_S``, or whose running stream did not overlap the whole of the
+batch's prefill, is set aside and run again (up to ``EXTRA_TRIES`` times per arm);
+the set-aside ones are kept in the records, marked.
 
 Writes ``records.jsonl`` (every request, with its answer), ``summary.json`` and
 ``table.md`` under ``--out`` and prints the table and the verdict on the bar of
@@ -122,12 +123,17 @@ class Repetition:
 
     @property
     def overlapped(self) -> bool:
-        """Whether the running stream was still running once a batch prompt had
-        finished its prefill: else (the machine stopped as the batch arrived, and the
-        stream ran out alone meanwhile) its gaps say nothing about the batch."""
-        firsts = [r.token_times[0] for r in self.of("batch") if r.token_times]
-        ends = [r.token_times[-1] for r in self.of("running") if r.token_times]
-        return bool(firsts and ends) and max(ends) > min(firsts)
+        """Whether the running stream was still open when the last batch prompt got
+        its first token, so that its gaps cover the whole of the batch's prefill.
+        :func:`loadtests.baseline.run_once` keeps it open that long; a stream that
+        ended on its own before (an error, or an engine faster than its answer is
+        long) says nothing certain about the batch, and its repetition is run again."""
+        batch = self.of("batch")
+        if not batch or not all(r.token_times for r in batch):
+            return False
+        last_first = max(r.token_times[0] for r in batch)
+        ends = [_open_until(r) for r in self.of("running") if r.token_times]
+        return bool(ends) and max(ends) >= last_first
 
     @property
     def batch_done_net_s(self) -> float:
@@ -135,6 +141,11 @@ class Repetition:
         done = self.batch_done_s
         end = self.batch_at + done
         return done - stopped_within(self.batch_at, end, self.stall_spans)
+
+
+def _open_until(record: Record) -> float:
+    """When a stream stopped: closed by the client, else its last token."""
+    return record.closed_at if record.closed_at is not None else record.token_times[-1]
 
 
 @dataclass
@@ -339,14 +350,12 @@ def _repetitions(
         if proxy_url is not None:
             rep.proxy_budget = (budget_before or 0.0, proxy_budget(proxy_url) or 0.0)
         stalled = max(rep.stalls, default=0.0)
-        if index > 0 and stalled > MAX_STALL_S and extra < extra_tries and spares:
+        why = _rerun_reason(rep, stalled)
+        if index > 0 and why and extra < extra_tries and spares:
             rep.set_aside = True
             extra += 1
             planned.append(spares.pop(0))
-            logger.warning(
-                "%s repetition %d: the machine stopped for %.2f s; run again",
-                result.arm.key, index, stalled,
-            )  # fmt: skip
+            logger.warning("%s repetition %d: %s; run again", result.arm.key, index, why)
         result.repetitions.append(rep)
         logger.info(
             "%s rep %d: new chat TTFT %s s, batch done %.1f s, worst stall %.2f s%s",
@@ -357,6 +366,15 @@ def _repetitions(
             stalled,
             "" if rep.proxy_budget is None else f", proxy budget {rep.proxy_budget}",
         )
+
+
+def _rerun_reason(rep: Repetition, stalled: float) -> str | None:
+    """Why a warm repetition's evidence is not to be kept, or None."""
+    if stalled > MAX_STALL_S:
+        return f"the machine stopped for {stalled:.2f} s"
+    if not rep.overlapped:
+        return "the running stream did not overlap the batch's prefill"
+    return None
 
 
 async def _one(

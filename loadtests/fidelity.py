@@ -80,12 +80,30 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _prompt_tokens(row: dict[str, Any]) -> int | None:
+    """The engine's count of a request's prompt: from its usage, or for a stream the
+    client closed (no usage came) the count it was sent with."""
+    if row["prompt_tokens"] is not None:
+        return int(row["prompt_tokens"])
+    if row.get("closed_at") is not None and row["prompt_tokens_sent"]:
+        return int(row["prompt_tokens_sent"])
+    return None
+
+
+def _answer_tokens(row: dict[str, Any]) -> int:
+    """How many tokens the engine generated: ``max_tokens``, or for a stream the client
+    closed, the tokens it had received (the engine stopped at the close)."""
+    if row.get("closed_at") is not None:
+        return max(1, len(row["token_times"]))
+    return int(row["max_tokens"])
+
+
 def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
     """Replay every warm, kept repetition; real and simulated TTFT per arm and class."""
     reps: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         # A failed request has no engine count of its prompt: it cannot be replayed.
-        if not r["cold"] and not r["set_aside"] and r["prompt_tokens"] is not None:
+        if not r["cold"] and not r["set_aside"] and _prompt_tokens(r) is not None:
             reps[(r["arm"], r["repetition"])].append(r)
     real: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
     raw: dict[tuple[str, TrafficClass], list[float]] = defaultdict(list)
@@ -97,8 +115,8 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
                 id=r["id"],
                 at_s=r["sent_at"] - start,
                 cls=CLASS_OF.get(r["kind"], TrafficClass.BATCH),
-                prompt_tokens=r["prompt_tokens"],
-                max_tokens=r["max_tokens"],
+                prompt_tokens=_prompt_tokens(r) or 0,  # every row kept above has one
+                max_tokens=_answer_tokens(r),
             )
             for r in rows
         ]

@@ -44,6 +44,14 @@ BASE_FLAGS = (
     "8192",
 )
 _PR_SET_PDEATHSIG = 1
+# _SAME_SESSION: the server stays in the session of whoever starts it. With the
+# kernel's autogroup scheduling on (``/proc/sys/kernel/sched_autogroup_enabled``, as
+# on this project's machines), a new session is a new scheduling group, and the
+# engine core's busy wait on its worker (vLLM's shared-memory queue spins on
+# sched_yield for a second after every read) then starved every process of the other
+# group, the load generator, the proxy and the stall watch among them, for 1-4 s at a
+# time (measured in docs/real-vllm.md, "Machine stops"). In one group the same
+# workload ran without a stop over 0.12 s.
 
 
 class VllmNotBuilt(RuntimeError):
@@ -135,7 +143,9 @@ def start_vllm(flags: tuple[str, ...], log_dir: Path, *, index: int = 0) -> Vllm
             stderr=subprocess.STDOUT,
             env={**os.environ, **ENGINE_ENV},
             cwd=REPO,
-            start_new_session=True,
+            # Its own process group (so that stop() reaches its engine core and
+            # worker), but not its own session: see _SAME_SESSION.
+            process_group=0,
             preexec_fn=_die_with_parent,
         )
     atexit.register(_kill_if_running, process)

@@ -110,13 +110,13 @@ def rep(
     (100 s per repetition), two new chats; the first ``invalid`` new chats stop early;
     the machine stopped for ``stall_spans`` (see ``in_gap`` and ``away``). If
     ``overlap``, the running stream goes on (0.01 s a token after its gap) until just
-    past the first batch token, so that it ``overlapped`` the batch; else it has its 20
-    tokens only, and ends before ``batch_at``."""
+    past the last first batch token, so that it ``overlapped`` the batch; else it has
+    its 20 tokens only, and ends before ``batch_at``."""
     batch_at = 100.0 * index
     # its last token: batch_at - 0.9 + (tokens - 1) * 0.01 + running_gap
     tokens = 20
     if overlap:
-        tokens = max(tokens, int((batch_ttft + 0.9 - running_gap) / 0.01) + 3)
+        tokens = max(tokens, int((batch_ttft + 0.5 + 0.9 - running_gap) / 0.01) + 3)
     records = [
         rec("running", 0, at=batch_at - 1.0, ttft=0.1, tokens=tokens),
         rec("batch", 0, at=batch_at, ttft=batch_ttft),
@@ -235,24 +235,43 @@ def test_a_records_times_net_of_stops_take_off_only_the_stops_within_them() -> N
     assert r.done_net(stops) is None
 
 
-def test_a_repetition_overlapped_the_batch_if_the_stream_ran_past_a_first_batch_token() -> None:
+def test_a_repetition_overlapped_the_batch_if_the_stream_ran_past_every_first_batch_token() -> None:
     r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
     running = r.of("running")[0]
-    assert running.token_times[-1] > 100.0 + 2.0
+    assert running.token_times[-1] > 100.0 + 2.5
     assert r.overlapped
-    # the earliest first batch token counts, not the last
+    # the last first batch token counts: a prompt still in prefill after the stream
+    # ended leaves part of the batch's prefill unmeasured
     r.of("batch")[1].token_times = [t + 50.0 for t in r.of("batch")[1].token_times]
-    assert r.overlapped
+    assert not r.overlapped
 
 
-def test_a_stream_that_ended_before_any_first_batch_token_did_not_overlap() -> None:
+def test_a_stream_that_ended_before_the_last_first_batch_token_did_not_overlap() -> None:
     r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False)
     assert r.of("running")[0].token_times[-1] < 100.0
     assert not r.overlapped
-    # just after the first batch token is enough
     running = r.of("running")[0]
     running.token_times.append(r.of("batch")[0].token_times[0] + 0.001)
+    assert not r.overlapped
+    # just after the last first batch token is enough
+    running.token_times.append(r.of("batch")[1].token_times[0] + 0.001)
     assert r.overlapped
+
+
+def test_a_stream_the_client_closed_after_the_batch_was_prefilled_overlapped() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False)
+    running = r.of("running")[0]
+    last_first = r.of("batch")[1].token_times[0]
+    running.closed_at = last_first - 0.001
+    assert not r.overlapped
+    running.closed_at = last_first
+    assert r.overlapped
+
+
+def test_a_batch_prompt_without_a_first_token_is_no_overlap() -> None:
+    r = rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0)
+    r.of("batch")[0].token_times = []
+    assert not r.overlapped
 
 
 def test_no_batch_tokens_or_no_stream_tokens_is_no_overlap() -> None:
