@@ -13,10 +13,15 @@ from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
-from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
-
-INTERACTIVE_PRIORITY = -10
-BATCH_PRIORITY = 0
+from proxy.scheduler import (
+    BATCH_PRIORITY,
+    INTERACTIVE_PRIORITY,
+    EngineLoad,
+    EngineSettings,
+    Job,
+    Scheduler,
+    TrafficClass,
+)
 
 
 def engine_priority(

@@ -56,7 +56,6 @@ from proxy.scheduler import Job, TrafficClass
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-PRIORITY = {TrafficClass.INTERACTIVE: -10, TrafficClass.BATCH: 0}
 DONE = b"data: [DONE]\n\n"
 
 
@@ -189,7 +188,8 @@ class Forwarder:
                     job.dispatched_at - job.arrival
                 )
             policy = self.pool.client_for(engine).config.scheduling_policy
-            upstream = upstream_body(body, PRIORITY[job.cls] if policy == "priority" else None)
+            priority = job.cls.engine_priority if policy == "priority" else None
+            upstream = upstream_body(body, priority)
             stack = AsyncExitStack()
             try:
                 client = self.pool.client_for(engine)

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
-from proxy.scheduler.report import sentence, turn_report
+from proxy.scheduler.turns import sentence, turn_report
 
 
 def wants_text(request: Request) -> bool:

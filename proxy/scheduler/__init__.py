@@ -5,8 +5,10 @@ Public names: :class:`Scheduler`, its settings, and the vocabulary in ``types``.
 
 from proxy.scheduler.budget import BudgetController, BudgetSettings
 from proxy.scheduler.core import Scheduler, SchedulerSettings, UnknownModel
-from proxy.scheduler.engine import EngineLoad, EngineSettings, EngineState
+from proxy.scheduler.state import EngineLoad, EngineSettings, EngineState
 from proxy.scheduler.types import (
+    BATCH_PRIORITY,
+    INTERACTIVE_PRIORITY,
     Decision,
     Dispatch,
     HeldReason,
@@ -17,6 +19,8 @@ from proxy.scheduler.types import (
 )
 
 __all__ = [
+    "BATCH_PRIORITY",
+    "INTERACTIVE_PRIORITY",
     "BudgetController",
     "BudgetSettings",
     "Decision",

@@ -28,17 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
-from proxy.scheduler.engine import EngineLoad, EngineSettings, EngineState
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.types import (
-    Decision,
-    Dispatch,
-    HeldReason,
-    Job,
-    Phase,
-    TrafficClass,
-    Turn,
-)
+from proxy.scheduler.state import EngineLoad, EngineSettings, EngineState
+from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,9 +108,7 @@ class Scheduler:
         return out
 
     def _candidates(self, job: Job) -> list[EngineState]:
-        return [
-            e for e in self.engines.values() if e.serves(job.model) and e.name not in job.excluded
-        ]
+        return [e for e in self.engines.values() if e.eligible(job)]
 
     def _dispatch_interactive(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
@@ -135,10 +125,7 @@ class Scheduler:
         return out
 
     def _interactive_queued_for(self, engine: EngineState) -> bool:
-        return any(
-            engine.serves(j.model) and engine.name not in j.excluded
-            for j in self.queues[TrafficClass.INTERACTIVE]
-        )
+        return any(engine.eligible(j) for j in self.queues[TrafficClass.INTERACTIVE])
 
     def _dispatch_batch(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
@@ -273,10 +260,7 @@ class Scheduler:
             engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
-        for job in self.queues[TrafficClass.BATCH]:
-            if engine.serves(job.model) and engine.name not in job.excluded:
-                return job
-        return None
+        return next((j for j in self.queues[TrafficClass.BATCH] if engine.eligible(j)), None)
 
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
         head = self._head_batch_job(engine)

@@ -5,10 +5,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+INTERACTIVE_PRIORITY = -10
+BATCH_PRIORITY = 0
+
 
 class TrafficClass(enum.StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
+
+    @property
+    def engine_priority(self) -> int:
+        """The request ``priority`` for an engine under vLLM's priority policy (lower
+        runs first): interactive -10, batch 0."""
+        return INTERACTIVE_PRIORITY if self is TrafficClass.INTERACTIVE else BATCH_PRIORITY
 
 
 class Turn(enum.StrEnum):

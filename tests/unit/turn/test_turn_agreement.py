@@ -22,7 +22,7 @@ from proxy.scheduler import (
     TrafficClass,
     Turn,
 )
-from proxy.scheduler.report import sentence
+from proxy.scheduler.turns import sentence
 
 BATCH, CHAT = TrafficClass.BATCH, TrafficClass.INTERACTIVE
 

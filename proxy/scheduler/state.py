@@ -60,6 +60,11 @@ class EngineState:
     def serves(self, model: str) -> bool:
         return model in self.settings.models
 
+    def eligible(self, job: Job) -> bool:
+        """Whether ``job`` may go to this engine: it serves the model, and the job
+        has not already failed here."""
+        return self.serves(job.model) and self.name not in job.excluded
+
     # -- work in flight --------------------------------------------------------
 
     def prefill_tokens(self, cls: TrafficClass | None = None) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.scheduler.budget import percentile
 from proxy.scheduler.core import Scheduler
-from proxy.scheduler.engine import EngineState
+from proxy.scheduler.state import EngineState
 from proxy.scheduler.types import HeldReason, Phase, TrafficClass, Turn
 
 Json = dict[str, Any]
@@ -28,9 +28,7 @@ REASON_WORDS = {
 
 
 def _queued(scheduler: Scheduler, engine: EngineState, cls: TrafficClass) -> int:
-    return sum(
-        1 for j in scheduler.queues[cls] if engine.serves(j.model) and engine.name not in j.excluded
-    )
+    return sum(1 for j in scheduler.queues[cls] if engine.eligible(j))
 
 
 def _signal(window: list[float], judged: float | None, target: float, aim: float) -> Json:
