@@ -13,15 +13,10 @@ from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
-from proxy.scheduler import (
-    BATCH_PRIORITY,
-    INTERACTIVE_PRIORITY,
-    EngineLoad,
-    EngineSettings,
-    Job,
-    Scheduler,
-    TrafficClass,
-)
+from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
+
+INTERACTIVE_PRIORITY = TrafficClass.INTERACTIVE.engine_priority
+BATCH_PRIORITY = TrafficClass.BATCH.engine_priority
 
 
 def engine_priority(

@@ -79,7 +79,7 @@ class EnginePool:
         Engines are asked concurrently; one that cannot answer gets ``()`` and a
         warning in the log. Returns every engine, in config order.
         """
-        found = {name: engine.config.models for name, engine in self.engines.items()}
+        found = {name: tuple(engine.config.models) for name, engine in self.engines.items()}
         async with anyio.create_task_group() as tg:
             for name, engine in self.engines.items():
                 if not found[name]:

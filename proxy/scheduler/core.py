@@ -28,8 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
+from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineSettings, EngineState
+from proxy.scheduler.state import EngineLoad, EngineState
 from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -46,7 +47,7 @@ class UnknownModel(LookupError):
 class Scheduler:
     def __init__(
         self,
-        engines: Sequence[EngineSettings],
+        engines: Sequence[EngineConfig],
         clock: Clock,
         settings: SchedulerSettings | None = None,
     ) -> None:
@@ -67,6 +68,14 @@ class Scheduler:
 
     def models(self) -> list[str]:
         return sorted({m for e in self.engines.values() for m in e.settings.models})
+
+    def engines_up_for(self, model: str) -> list[str]:
+        """The names of the up engines serving ``model``, in configuration order."""
+        return [e.name for e in self.engines.values() if e.up and e.serves(model)]
+
+    def engines_without_models(self) -> list[str]:
+        """The engines that serve no model yet (not discovered at start)."""
+        return [e.name for e in self.engines.values() if not e.settings.models]
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
@@ -156,7 +165,7 @@ class Scheduler:
         engine.inflight[job.id] = job
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
-        return Dispatch(job, engine.name)
+        return Dispatch(job, engine.name, job.attempts, now)
 
     def _hold(
         self, now: float, job: Job, engines: Iterable[EngineState], reason: HeldReason
@@ -192,12 +201,6 @@ class Scheduler:
             return
         self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
 
-    def correct_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
-        """Replace an estimated prompt size with the engine's count."""
-        job = self.jobs.get(job_id)
-        if job is not None:
-            job.prompt_tokens = prompt_tokens
-
     def on_finished(self, job_id: str) -> Job | None:
         return self.cancel(job_id)
 
@@ -227,7 +230,7 @@ class Scheduler:
         """Replace the models an engine serves (found by discovery)."""
         now = self._begin()
         engine = self.engines[name]
-        engine.settings = dataclasses.replace(engine.settings, models=frozenset(models))
+        engine.settings = dataclasses.replace(engine.settings, models=tuple(models))
         self._end(now)
 
     def set_engine_up(self, name: str, up: bool) -> None:

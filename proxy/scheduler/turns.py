@@ -76,8 +76,8 @@ def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json
             "waiting": engine.load.waiting,
             "running": engine.load.running,
         },
-        "turn_seconds": {t.value: engine.turn_seconds[t] for t in Turn},
-        "held_seconds": {r.value: engine.held_seconds[r] for r in HeldReason},
+        "turn_seconds": {t.value: s for t, s in engine.turn_seconds_at(now).items()},
+        "held_seconds": {r.value: s for r, s in engine.held_seconds_at(now).items()},
     }
 
 

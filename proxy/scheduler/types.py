@@ -80,10 +80,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Send ``job`` to ``engine`` now."""
+    """Send ``job`` to ``engine`` now: its ``attempt`` (0 first, then one per
+    requeue after a failure), dispatched ``at`` (clock time)."""
 
     job: Job
     engine: str
+    attempt: int = 0
+    at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from proxy.api.errors import APIError
 from proxy.api.inputs import (
     CLASS_HEADER,
     StreamWish,
-    TokenEstimator,
     affinity_key,
     api_key,
     check_api_key,
@@ -23,6 +22,7 @@ from proxy.api.inputs import (
     traffic_class,
     upstream_body,
 )
+from proxy.api.prompts import TokenEstimator
 from proxy.config import EngineConfig, Settings
 from proxy.scheduler import TrafficClass
 

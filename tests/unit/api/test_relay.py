@@ -9,8 +9,11 @@ import anyio
 import httpx
 import pytest
 
-from proxy.admission import Admission
-from proxy.api.relay import Relay
+from proxy.admission import Admission, Admitted
+from proxy.api.inputs import ChatRequest, StreamWish
+from proxy.api.prompts import PromptCount, PromptCounter
+from proxy.api.relay import Relay, Services, Ticket
+from proxy.engines import EnginePool
 from proxy.clock import VirtualClock
 from proxy.metrics import ProxyMetrics
 from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
@@ -28,10 +31,17 @@ def relay_of(body: bytes) -> tuple[Relay, Admission]:
     admission = Admission(scheduler)
     job = Job(id="j", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=5, arrival=0.0)
     scheduler.submit(job)
-    scheduler.dispatch()
+    (dispatch,) = scheduler.dispatch()
     response = httpx.Response(200, stream=httpx.ByteStream(body))
     metrics = ProxyMetrics(scheduler, ttft_target_s=0.3)
-    return Relay(job, "e", response, admission, metrics, clock, lambda _: None), admission
+    req = ChatRequest(
+        path="/v1/completions", cls=TrafficClass.INTERACTIVE, model="m", messages=None,
+        prompt="p", text="p", wish=StreamWish(True, False), affinity="a", upstream={},
+    )  # fmt: skip
+    pool = EnginePool([], httpx.AsyncClient())
+    services = Services(admission, metrics, clock, PromptCounter(pool, admission.engines_up_for))
+    ticket = Ticket("j", req, 0.0, PromptCount(5, estimated=True))
+    return Relay(ticket, Admitted.of(dispatch), response, services), admission
 
 
 async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() -> None:

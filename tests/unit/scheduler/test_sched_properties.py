@@ -2,8 +2,8 @@
 
 Random engines (one to three, serving one or both of two models, small concurrency
 caps, random budgets and KV watermarks) and random sequences of arrivals of both
-classes, dispatches, first tokens, token gaps, finishes, failures, cancels, prompt
-corrections, health changes, load scrapes and clock advances. After every event the
+classes, dispatches, first tokens, token gaps, finishes, failures, cancels, health
+changes, load scrapes and clock advances. After every event the
 scheduler's state is checked against the rules in ``proxy/scheduler/core.py``;
 every dispatch is checked against the state just before it.
 """
@@ -107,7 +107,7 @@ KINDS = (
     + ["finish"] * 3
     + ["advance"] * 3
     + ["fail"] * 2
-    + ["gap", "cancel", "correct", "up", "load"]
+    + ["gap", "cancel", "up", "load"]
 )
 ADVANCES = (0.0, 0.05, 0.3, 1.0, 2.5)
 GAPS = (0.0, 0.01, 0.2, 1.5)
@@ -143,7 +143,6 @@ def decode(x: int, batch_share: float) -> Op:
         "advance": (ADVANCES[d.take(len(ADVANCES))],),
         "gap": (target, GAPS[d.take(len(GAPS))]),
         "fail": (target, d.take(2) == 1),
-        "correct": (target, 1 + d.take(5000)),
         "up": (d.take(3), d.take(3) > 0),
         "load": (d.take(3), LOADS[d.take(len(LOADS))]),
     }
@@ -222,9 +221,6 @@ class Run:
         kind = op[0]
         if kind == "gap" and (j := self.pick(op[1])):
             self.s.on_token_gap(j.id, op[2])
-        elif kind == "correct" and (j := self.pick(op[1], (Phase.QUEUED, Phase.PREFILL))):
-            self.s.correct_prompt_tokens(j.id, op[2])
-            assert j.prompt_tokens == op[2]
         elif kind == "advance":
             self.clock.advance(op[1])
 
