@@ -13,10 +13,11 @@ from proxy.admission import Admission, Admitted
 from proxy.api.inputs import ChatRequest, StreamWish
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.relay import Relay, Services, Ticket
-from proxy.engines import EnginePool
 from proxy.clock import VirtualClock
+from proxy.config import EngineConfig
+from proxy.engines import EnginePool
 from proxy.metrics import ProxyMetrics
-from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
+from proxy.scheduler import Job, Scheduler, TrafficClass
 
 from .helpers import completion_events
 
@@ -27,7 +28,7 @@ BACKLOG = 200
 
 def relay_of(body: bytes) -> tuple[Relay, Admission]:
     clock = VirtualClock()
-    scheduler = Scheduler([EngineSettings(name="e", models=frozenset({"m"}))], clock)
+    scheduler = Scheduler([EngineConfig(name="e", models=frozenset({"m"}))], clock)
     admission = Admission(scheduler)
     job = Job(id="j", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=5, arrival=0.0)
     scheduler.submit(job)

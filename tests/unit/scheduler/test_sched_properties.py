@@ -21,11 +21,10 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
 from proxy.clock import VirtualClock
+from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler import (
-    BudgetSettings,
     Dispatch,
     EngineLoad,
-    EngineSettings,
     HeldReason,
     Job,
     Phase,
@@ -61,10 +60,10 @@ SHRINK_TIME = pytest.mark.timeout(300)
 
 
 @st.composite
-def budgets(draw: st.DrawFn) -> BudgetSettings:
+def budgets(draw: st.DrawFn) -> BudgetConfig:
     lo = draw(st.sampled_from([1, 100, 500, 2000]))
     hi = draw(st.sampled_from([lo, 2 * lo, 4000, 20_000]))
-    return BudgetSettings(
+    return BudgetConfig(
         initial_tokens=draw(st.sampled_from([lo, (lo + hi) // 2, hi])),
         min_tokens=lo,
         max_tokens=hi,
@@ -80,13 +79,13 @@ def budgets(draw: st.DrawFn) -> BudgetSettings:
 
 
 @st.composite
-def engine_sets(draw: st.DrawFn) -> list[EngineSettings]:
+def engine_sets(draw: st.DrawFn) -> list[EngineConfig]:
     n = draw(st.integers(1, 3))
     out = []
     for k in range(n):
         models = draw(st.sets(st.sampled_from(MODELS), min_size=1))
         out.append(
-            EngineSettings(
+            EngineConfig(
                 name=f"e{k}",
                 models=frozenset(models),
                 max_inflight=draw(st.sampled_from([1, 3, 8])),
@@ -172,7 +171,7 @@ def op_lists(min_size: int, max_size: int) -> st.SearchStrategy[list[Op]]:
 class Run:
     """A scheduler under test and what the test saw of it."""
 
-    engines: list[EngineSettings]
+    engines: list[EngineConfig]
     clock: VirtualClock = field(default_factory=VirtualClock)
     seen: list[Job] = field(default_factory=list)
     batch_sent: list[str] = field(default_factory=list)
@@ -409,7 +408,7 @@ def finish_everything(run: Run) -> None:
 @SHRINK_TIME
 @PROPS
 @given(engines=engine_sets(), ops=op_lists(40, 150))
-def test_every_event_keeps_the_rules(engines: list[EngineSettings], ops: list[Op]) -> None:
+def test_every_event_keeps_the_rules(engines: list[EngineConfig], ops: list[Op]) -> None:
     note(readable(ops))
     run = Run(engines)
     for op in ops:
@@ -428,7 +427,7 @@ def test_every_event_keeps_the_rules(engines: list[EngineSettings], ops: list[Op
 @PROPS
 @given(engines=engine_sets(), ops=op_lists(10, 100))
 def test_batch_drains_once_interactive_load_stops(
-    engines: list[EngineSettings],
+    engines: list[EngineConfig],
     ops: list[Op],
 ) -> None:
     """Whatever happened before, once interactive arrivals stop, engines are healthy
@@ -465,12 +464,12 @@ def test_batch_is_first_come_first_served_on_an_engine(
 ) -> None:
     """Small batch jobs keep arriving and something is always in prefill; a large job
     (even one over the budget) is still dispatched, and never overtaken."""
-    e = EngineSettings(
+    e = EngineConfig(
         name="e",
         models=frozenset({"m"}),
         max_inflight=64,
         batch_max_inflight=64,
-        budget=BudgetSettings(initial_tokens=budget, min_tokens=budget, max_tokens=budget),
+        budget=BudgetConfig(initial_tokens=budget, min_tokens=budget, max_tokens=budget),
     )
     run = Run([e])
     for p in prompts:
