@@ -37,6 +37,14 @@ OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
 BATCH_RECORD_STATUSES = ("valid", "invalid", "failed")
 
 
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
 class SchedulerCollector(Collector):
     """Turn, budget, in-flight work, queues and engine health, read at scrape time."""
 
@@ -60,18 +68,18 @@ class SchedulerCollector(Collector):
         yield from self._queues()
 
     def _turns(self, engines: list[EngineState], now: float) -> Iterator[Metric]:
-        turn = GaugeMetricFamily(
-            "whoseturn_turn", "1 for the engine's current turn, 0 for the others",
-            labels=["engine", "turn"],
-        )  # fmt: skip
-        turn_s = CounterMetricFamily(
-            "whoseturn_turn_seconds", "Time each engine spent in each turn",
-            labels=["engine", "turn"],
-        )  # fmt: skip
-        held = CounterMetricFamily(
-            "whoseturn_batch_held_seconds", "Time batch work was held, by reason",
-            labels=["engine", "reason"],
-        )  # fmt: skip
+        turn = _gauge(
+            "whoseturn_turn", "1 for the engine's current turn, 0 for the others", "engine", "turn"
+        )
+        turn_s = _counter(
+            "whoseturn_turn_seconds", "Time each engine spent in each turn", "engine", "turn"
+        )
+        held = _counter(
+            "whoseturn_batch_held_seconds",
+            "Time batch work was held, by reason",
+            "engine",
+            "reason",
+        )
         for e in engines:
             for t, seconds in e.turn_seconds_at(now).items():
                 turn.add_metric([e.name, t.value], 1.0 if e.turn is t else 0.0)
@@ -81,23 +89,23 @@ class SchedulerCollector(Collector):
         yield from (turn, turn_s, held)
 
     def _work(self, engines: list[EngineState]) -> Iterator[Metric]:
-        budget = GaugeMetricFamily(
-            "whoseturn_prefill_budget_tokens", "Batch prefill budget B", labels=["engine"]
+        budget = _gauge("whoseturn_prefill_budget_tokens", "Batch prefill budget B", "engine")
+        prefill = _gauge(
+            "whoseturn_prefill_inflight_tokens",
+            "Prompt tokens dispatched, no first token yet",
+            "engine",
+            "class",
         )
-        prefill = GaugeMetricFamily(
-            "whoseturn_prefill_inflight_tokens", "Prompt tokens dispatched, no first token yet",
-            labels=["engine", "class"],
-        )  # fmt: skip
-        decode = GaugeMetricFamily(
-            "whoseturn_decode_inflight_requests", "Streams in decode", labels=["engine", "class"]
+        decode = _gauge(
+            "whoseturn_decode_inflight_requests", "Streams in decode", "engine", "class"
         )
-        up = GaugeMetricFamily(
-            "whoseturn_engine_up", "1 if the engine is in service", labels=["engine"]
+        up = _gauge("whoseturn_engine_up", "1 if the engine is in service", "engine")
+        info = _gauge(
+            "whoseturn_engine_info",
+            "The engine's URL, to join with its own metrics",
+            "engine",
+            "url",
         )
-        info = GaugeMetricFamily(
-            "whoseturn_engine_info", "The engine's URL, to join with its own metrics",
-            labels=["engine", "url"],
-        )  # fmt: skip
         for e in engines:
             budget.add_metric([e.name], e.budget.tokens)
             for c in TrafficClass:
@@ -108,16 +116,13 @@ class SchedulerCollector(Collector):
         yield from (budget, prefill, decode, up, info)
 
     def _queues(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily(
-            "whoseturn_queue_depth", "Requests waiting in the proxy", labels=["class"]
+        depth = _gauge("whoseturn_queue_depth", "Requests waiting in the proxy", "class")
+        target = _gauge("whoseturn_ttft_target_seconds", "Configured TTFT target", "class")
+        gap = _gauge(
+            "whoseturn_inter_token_target_seconds",
+            "Configured inter-token gap target (p95)",
+            "class",
         )
-        target = GaugeMetricFamily(
-            "whoseturn_ttft_target_seconds", "Configured TTFT target", labels=["class"]
-        )
-        gap = GaugeMetricFamily(
-            "whoseturn_inter_token_target_seconds", "Configured inter-token gap target (p95)",
-            labels=["class"],
-        )  # fmt: skip
         for c in TrafficClass:
             depth.add_metric([c.value], len(self.scheduler.queues[c]))
             if c in self.ttft_targets:

@@ -75,15 +75,16 @@ def prompt_text(body: Json) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
-def affinity_key(body: Json) -> str:
-    """A conversation's key: its ``user``, else a hash of its leading messages or text."""
+def affinity_key(body: Json, text: str) -> str:
+    """A conversation's key: its ``user``, else a hash of its leading messages or of
+    the start of its prompt ``text``."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return f"user:{user}"
     if isinstance(body.get("messages"), list):
         lead = json.dumps(body["messages"][:2], sort_keys=True, default=str)
     else:
-        lead = prompt_text(body)[:1024]
+        lead = text[:1024]
     return "lead:" + hashlib.sha1(lead.encode(), usedforsecurity=False).hexdigest()
 
 
@@ -152,14 +153,15 @@ async def read_request(
     """Read and check the client's request (400/403 on what is wrong with it)."""
     body = await read_json(request)
     messages = body.get("messages")
+    text = prompt_text(body)
     return ChatRequest(
         path=path,
         cls=traffic_class(request, default, settings),
         model=body["model"],
         messages=messages if isinstance(messages, list) else None,
         prompt=body.get("prompt"),
-        text=prompt_text(body),
+        text=text,
         wish=stream_wish(body),
-        affinity=affinity_key(body),
+        affinity=affinity_key(body, text),
         upstream=upstream_body(body, None),
     )
