@@ -46,7 +46,7 @@ class Admitted:
 
 class Admission:
     def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+        self._scheduler = scheduler
         self._waiters: dict[str, asyncio.Future[Admitted]] = {}
 
     async def admit(self, job: Job) -> Admitted:
@@ -66,7 +66,7 @@ class Admission:
     ) -> Admitted:
         try:
             if new is not None:
-                self.scheduler.submit(new)
+                self._scheduler.submit(new)
             self.pump()
             return await future
         except BaseException:
@@ -84,35 +84,35 @@ class Admission:
 
     def pump(self) -> None:
         """Run the scheduler and release the jobs it dispatches."""
-        for dispatch in self.scheduler.dispatch():
+        for dispatch in self._scheduler.dispatch():
             future = self._waiters.get(dispatch.job.id)
             if future is None or future.done():
                 # Nobody waits any more (the client left between two events).
-                self.scheduler.cancel(dispatch.job.id)
+                self._scheduler.cancel(dispatch.job.id)
                 continue
             future.set_result(Admitted.of(dispatch))
 
     # -- feedback from the request path ------------------------------------------
 
     def first_token(self, job_id: str) -> None:
-        self.scheduler.on_first_token(job_id)
+        self._scheduler.on_first_token(job_id)
         self.pump()
 
     def token_gap(self, job_id: str, gap_s: float) -> None:
-        self.scheduler.on_token_gap(job_id, gap_s)
+        self._scheduler.on_token_gap(job_id, gap_s)
 
     def finished(self, job_id: str) -> None:
-        self.scheduler.on_finished(job_id)
+        self._scheduler.on_finished(job_id)
         self.pump()
 
     def abandon(self, job_id: str) -> None:
         """The client left: forget the job wherever it is."""
-        self.scheduler.cancel(job_id)
+        self._scheduler.cancel(job_id)
         self.pump()
 
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""
-        requeued = self.scheduler.on_failed(job_id, retry=retry)
+        requeued = self._scheduler.on_failed(job_id, retry=retry)
         if requeued:
             # Its handler waits again only after this returns; a dispatch before
             # then must find a waiter, or the job would be dropped as abandoned.
@@ -123,42 +123,42 @@ class Admission:
     # -- feedback from the engine monitor, discovery and the clock ---------------
 
     def set_engine_up(self, name: str, up: bool) -> None:
-        self.scheduler.set_engine_up(name, up)
+        self._scheduler.set_engine_up(name, up)
         self.pump()
 
     def observe_load(self, name: str, load: EngineLoad) -> None:
-        self.scheduler.observe_load(name, load)
+        self._scheduler.observe_load(name, load)
         self.pump()
 
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
-        self.scheduler.set_engine_models(name, models)
+        self._scheduler.set_engine_models(name, models)
         self.pump()
 
     def tick(self) -> None:
         """Advance turn accounting and the budget loops, then dispatch what may go."""
-        self.scheduler.tick()
+        self._scheduler.tick()
         self.pump()
 
     # -- reads: never run the scheduler ------------------------------------------
 
     def now(self) -> float:
-        return self.scheduler.clock.now()
+        return self._scheduler.clock.now()
 
     def models(self) -> list[str]:
         """Every model some engine serves, sorted."""
-        return self.scheduler.models()
+        return self._scheduler.models()
 
     def engines_up_for(self, model: str) -> list[str]:
         """The up engines serving ``model``, in configuration order."""
-        return self.scheduler.engines_up_for(model)
+        return self._scheduler.engines_up_for(model)
 
     def engines_without_models(self) -> list[str]:
-        return self.scheduler.engines_without_models()
+        return self._scheduler.engines_without_models()
 
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""
-        return turn_report(self.scheduler)
+        return turn_report(self._scheduler)
 
     def decisions(self, limit: int) -> list[Decision]:
         """The ``limit`` most recent scheduling decisions, oldest first."""
-        return list(self.scheduler.log)[-limit:] if limit > 0 else []
+        return list(self._scheduler.log)[-limit:] if limit > 0 else []
