@@ -13,7 +13,8 @@ from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
-from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import EngineLoad, Job, Scheduler, TrafficClass
 
 INTERACTIVE_PRIORITY = TrafficClass.INTERACTIVE.engine_priority
 BATCH_PRIORITY = TrafficClass.BATCH.engine_priority
@@ -86,7 +87,7 @@ class ProxyFront:
     def __init__(
         self,
         runner: VirtualRunner,
-        settings: EngineSettings,
+        settings: EngineConfig,
         *,
         scrape_interval_s: float,
         keep_scraping: Callable[[float], bool],
