@@ -103,22 +103,27 @@ class EngineState:
 
     def account(self, now: float) -> None:
         """Charge the time since the last call to the current turn and reason."""
-        self.turn_seconds = self.turn_seconds_at(now)
-        self.held_seconds = self.held_seconds_at(now)
+        elapsed = self._unaccounted(now)
+        self.turn_seconds[self.turn] += elapsed
+        if self.held_reason is not None:
+            self.held_seconds[self.held_reason] += elapsed
         self._accounted_at = max(self._accounted_at, now)
+
+    def _unaccounted(self, now: float) -> float:
+        return max(0.0, now - self._accounted_at)
 
     def turn_seconds_at(self, now: float) -> dict[Turn, float]:
         """The time spent in each turn up to ``now``, the current turn running on
         since the last event (a read: nothing is charged)."""
         out = dict(self.turn_seconds)
-        out[self.turn] += max(0.0, now - self._accounted_at)
+        out[self.turn] += self._unaccounted(now)
         return out
 
     def held_seconds_at(self, now: float) -> dict[HeldReason, float]:
         """The time batch was held for each reason up to ``now`` (a read)."""
         out = dict(self.held_seconds)
         if self.held_reason is not None:
-            out[self.held_reason] += max(0.0, now - self._accounted_at)
+            out[self.held_reason] += self._unaccounted(now)
         return out
 
     def set_turn(self, now: float, turn: Turn, reason: HeldReason | None) -> None:
