@@ -1,87 +1,118 @@
-"""The scheduler in the event loop: requests wait here for their turn.
+"""The one door between the request path and the scheduler.
 
-:class:`Admission` wraps the pure :class:`~proxy.scheduler.Scheduler` for asyncio.
-A request handler calls :meth:`Admission.wait_for_engine`, which queues the job
-and returns the engine chosen for it once the scheduler dispatches it; if the
-handler is cancelled meanwhile (the client hung up), the job leaves the queue.
-Every event that may free room (a first token, a finish, a failure, an engine's
-health or load) runs the scheduler again at once, so no request waits for a timer.
+The edge queues a job with :meth:`Admission.admit` and waits for its turn; it
+reports what happens to the job (first token, gaps, finish, failure, hang-up) by
+the job's id. Every event that can free room runs the scheduler (:meth:`pump`),
+and each job the scheduler dispatches is released to the request that waits for
+it as an :class:`Admitted` value. The engine monitor and the periodic tick come in
+here too. Reads (:meth:`report`, :meth:`decisions`, :meth:`models`, ...) never run
+the scheduler and never change its state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
-from proxy.scheduler import EngineLoad, Job, Scheduler
+from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler
+from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A job's turn on an engine: what the request path needs to send it there."""
+
+    job_id: str
+    engine: str
+    attempt: int
+    arrival: float
+    dispatched_at: float
+
+    @property
+    def queued_s(self) -> float:
+        """Time the job waited in the proxy before this dispatch."""
+        return self.dispatched_at - self.arrival
+
+    @classmethod
+    def of(cls, dispatch: Dispatch) -> Admitted:
+        job = dispatch.job
+        return cls(job.id, dispatch.engine, dispatch.attempt, job.arrival, dispatch.at)
+
+
 class Admission:
     def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self._waiters: dict[str, asyncio.Future[str]] = {}
+        self._scheduler = scheduler
+        self._waiters: dict[str, asyncio.Future[Admitted]] = {}
 
-    async def wait_for_engine(self, job: Job) -> str:
-        """Queue ``job`` and return the engine it is dispatched to. After
-        :meth:`failed` requeued it, wait for its next engine (which may be chosen
-        already)."""
-        future = self._waiters.get(job.id)
-        if future is None:
-            future = self._hold_place(job.id)
+    async def admit(self, job: Job) -> Admitted:
+        """Queue ``job`` and return its dispatch; raises :class:`UnknownModel` if no
+        engine serves its model."""
+        future = self._hold_place(job.id)
+        return await self._wait(job.id, future, job)
+
+    async def readmit(self, job_id: str) -> Admitted:
+        """After :meth:`failed` requeued the job, its next dispatch (which may have
+        been chosen already)."""
+        future = self._waiters.get(job_id) or self._hold_place(job_id)
+        return await self._wait(job_id, future, None)
+
+    async def _wait(
+        self, job_id: str, future: asyncio.Future[Admitted], new: Job | None
+    ) -> Admitted:
         try:
-            if job.attempts == 0:
-                self.scheduler.submit(job)
+            if new is not None:
+                self._scheduler.submit(new)
             self.pump()
             return await future
         except BaseException:
             # Cancelled (the client left) or failed: the job leaves the scheduler,
             # even if it was dispatched in the same instant.
-            self.scheduler.cancel(job.id)
-            self.pump()
+            self.abandon(job_id)
             raise
         finally:
-            self._waiters.pop(job.id, None)
+            self._waiters.pop(job_id, None)
 
-    def _hold_place(self, job_id: str) -> asyncio.Future[str]:
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    def _hold_place(self, job_id: str) -> asyncio.Future[Admitted]:
+        future: asyncio.Future[Admitted] = asyncio.get_running_loop().create_future()
         self._waiters[job_id] = future
         return future
 
     def pump(self) -> None:
         """Run the scheduler and release the jobs it dispatches."""
-        for dispatch in self.scheduler.dispatch():
+        for dispatch in self._scheduler.dispatch():
             future = self._waiters.get(dispatch.job.id)
             if future is None or future.done():
                 # Nobody waits any more (the client left between two events).
-                self.scheduler.cancel(dispatch.job.id)
+                self._scheduler.cancel(dispatch.job.id)
                 continue
-            future.set_result(dispatch.engine)
+            future.set_result(Admitted.of(dispatch))
 
     # -- feedback from the request path ------------------------------------------
 
     def first_token(self, job_id: str) -> None:
-        self.scheduler.on_first_token(job_id)
+        self._scheduler.on_first_token(job_id)
         self.pump()
 
     def token_gap(self, job_id: str, gap_s: float) -> None:
-        self.scheduler.on_token_gap(job_id, gap_s)
+        self._scheduler.on_token_gap(job_id, gap_s)
 
-    def finished(self, job_id: str, prompt_tokens: int | None = None) -> None:
-        if prompt_tokens is not None:
-            self.scheduler.correct_prompt_tokens(job_id, prompt_tokens)
-        self.scheduler.on_finished(job_id)
+    def finished(self, job_id: str) -> None:
+        self._scheduler.on_finished(job_id)
         self.pump()
 
     def abandon(self, job_id: str) -> None:
         """The client left: forget the job wherever it is."""
-        self.scheduler.cancel(job_id)
+        self._scheduler.cancel(job_id)
         self.pump()
 
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""
-        requeued = self.scheduler.on_failed(job_id, retry=retry)
+        requeued = self._scheduler.on_failed(job_id, retry=retry)
         if requeued:
             # Its handler waits again only after this returns; a dispatch before
             # then must find a waiter, or the job would be dropped as abandoned.
@@ -89,16 +120,45 @@ class Admission:
         self.pump()
         return requeued
 
-    # -- feedback from the engine monitor ----------------------------------------
+    # -- feedback from the engine monitor, discovery and the clock ---------------
 
     def set_engine_up(self, name: str, up: bool) -> None:
-        self.scheduler.set_engine_up(name, up)
+        self._scheduler.set_engine_up(name, up)
         self.pump()
 
     def observe_load(self, name: str, load: EngineLoad) -> None:
-        self.scheduler.observe_load(name, load)
+        self._scheduler.observe_load(name, load)
+        self.pump()
+
+    def set_engine_models(self, name: str, models: Iterable[str]) -> None:
+        self._scheduler.set_engine_models(name, models)
         self.pump()
 
     def tick(self) -> None:
-        self.scheduler.tick()
+        """Advance turn accounting and the budget loops, then dispatch what may go."""
+        self._scheduler.tick()
         self.pump()
+
+    # -- reads: never run the scheduler ------------------------------------------
+
+    def now(self) -> float:
+        return self._scheduler.clock.now()
+
+    def models(self) -> list[str]:
+        """Every model some engine serves, sorted."""
+        return self._scheduler.models()
+
+    def engines_up_for(self, model: str) -> list[str]:
+        """The up engines serving ``model``, in configuration order."""
+        return self._scheduler.engines_up_for(model)
+
+    def engines_without_models(self) -> list[str]:
+        return self._scheduler.engines_without_models()
+
+    def report(self) -> list[dict[str, Any]]:
+        """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""
+        return turn_report(self._scheduler)
+
+    def decisions(self, limit: int) -> list[Decision]:
+        """The ``limit`` most recent scheduling decisions, oldest first."""
+        return list(self._scheduler.log)[-limit:] if limit > 0 else []

@@ -1,6 +1,6 @@
-"""Clocks for the simulated engine.
+"""Clocks for the proxy's scheduler and for the simulated engine.
 
-The engine model never reads the time itself: it is handed a :class:`Clock`. In
+Neither reads the time itself: each is handed a :class:`Clock`. In
 tests and offline experiments that clock is a :class:`VirtualClock` that only moves
 when the driver advances it, so a run has no sleeps at all. In the server it is a
 :class:`WallClock`, optionally running faster than real time (``time_scale``).

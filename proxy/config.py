@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,26 +39,100 @@ DEFAULT_CONFIG_FILE = "whoseturn.yaml"
 
 
 class ConfigError(ValueError):
-    """The settings are invalid; the message says which key and why."""
+    """The settings are invalid; ``where`` names the key, ``why`` says what is wrong."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}" if where else why)
+        self.where = where
+        self.why = why
+
+
+def _check(cond: bool, where: str, why: str) -> None:
+    if not cond:
+        raise ConfigError(where, why)
+
+
+@contextmanager
+def _under(where: str) -> Iterator[None]:
+    """Errors raised inside name their key below ``where``."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.{exc.where}" if exc.where else where, exc.why) from None
 
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetConfig:
+    """An engine's batch prefill budget ``B`` and the loop that adapts it (see
+    :mod:`proxy.scheduler.budget`). The file sets the three token bounds
+    (``budget: {...}``); the targets are the top-level ``ttft_target_s`` and
+    ``gap_target_s``; the rest are the loop's constants."""
+
     initial_tokens: int = 8192
     min_tokens: int = 512
     max_tokens: int = 65536
+    ttft_target_s: float = 0.300
+    gap_target_s: float = 0.100
+    aim: float = 0.8
+    percentile: float = 0.95
+    window_s: float = 30.0
+    interval_s: float = 1.0
+    min_samples: int = 5
+    decrease: float = 0.5
+    increase_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        _check(
+            0 < self.min_tokens <= self.initial_tokens <= self.max_tokens,
+            "budget",
+            "need 0 < min_tokens <= initial_tokens <= max_tokens",
+        )
+        _check(0 < self.decrease < 1, "budget.decrease", "must be in (0, 1)")
+        _check(0 < self.aim <= 1, "budget.aim", "must be in (0, 1]")
+        _check(0 < self.percentile <= 1, "budget.percentile", "must be in (0, 1]")
+        _check(
+            self.ttft_target_s > 0 and self.gap_target_s > 0,
+            "targets",
+            "ttft_target_s and gap_target_s must be positive",
+        )
+
+
+BUDGET_FILE_KEYS = ("initial_tokens", "min_tokens", "max_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    url: str
+    """One engine: where it is and how the scheduler treats it.
+
+    - ``max_inflight``: hard cap on requests the proxy keeps in the engine at once
+      (interactive requests are dispatched at once unless this is reached).
+    - ``batch_max_inflight``: cap on batch requests in the engine.
+    - ``kv_high_watermark``: no batch admission while the engine reports KV-cache
+      usage at or above this fraction.
+    - ``models``: the models it serves (empty: discovered from the engine).
+    """
+
     name: str
-    models: tuple[str, ...] = ()
+    url: str = ""
+    models: Collection[str] = ()
     scheduling_policy: str = "fcfs"
     max_inflight: int = 256
     batch_max_inflight: int = 64
     kv_high_watermark: float = 0.9
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.scheduling_policy in ("fcfs", "priority"),
+            "scheduling_policy",
+            "expected fcfs or priority",
+        )
+        _check(
+            self.max_inflight >= 1 and self.batch_max_inflight >= 1,
+            "",
+            "max_inflight and batch_max_inflight must be at least 1",
+        )
+        _check(0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,15 +151,13 @@ class Settings:
     decision_log_size: int = 1000
 
 
-def _check(cond: bool, where: str, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"{where}: {why}")
-
-
-def _known(cls: type[Any], data: Mapping[str, Any], where: str) -> None:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(data) - set(names))
     _check(not unknown, where, f"unknown keys {unknown}; known: {sorted(names)}")
+
+
+def _fields(cls: type[Any]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
 
 
 _NOUNS = {"int": "an integer", "float": "a number", "str": "a string"}
@@ -110,12 +183,22 @@ def _typed(cls: type[Any], data: Mapping[str, Any], prefix: str) -> dict[str, An
     return out
 
 
-def _engine(data: Any, index: int) -> EngineConfig:
+def _budget(data: Any, where: str, targets: Mapping[str, float]) -> BudgetConfig:
+    _check(isinstance(data, Mapping), f"{where}.budget", "expected a mapping")
+    _known(BUDGET_FILE_KEYS, data, f"{where}.budget")
+    with _under(where):
+        typed = _typed(BudgetConfig, data, "budget.")
+        return BudgetConfig(
+            **typed, ttft_target_s=targets["ttft_target_s"], gap_target_s=targets["gap_target_s"]
+        )
+
+
+def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig:
     where = f"engines[{index}]"
     if isinstance(data, str):
         data = {"url": data}
     _check(isinstance(data, Mapping), where, "expected a URL or a mapping")
-    _known(EngineConfig, data, where)
+    _known(_fields(EngineConfig), data, where)
     body = dict(data)
     url = str(body.get("url", "")).rstrip("/")
     parts = urlsplit(url)
@@ -124,15 +207,7 @@ def _engine(data: Any, index: int) -> EngineConfig:
         f"{where}.url",
         f"expected http(s)://host:port, got {url!r}",
     )
-    budget_data = body.pop("budget", {}) or {}
-    _check(isinstance(budget_data, Mapping), f"{where}.budget", "expected a mapping")
-    _known(BudgetConfig, budget_data, f"{where}.budget")
-    budget = BudgetConfig(**_typed(BudgetConfig, budget_data, f"{where}.budget."))
-    _check(
-        0 < budget.min_tokens <= budget.initial_tokens <= budget.max_tokens,
-        f"{where}.budget",
-        "need 0 < min_tokens <= initial_tokens <= max_tokens",
-    )
+    budget = _budget(body.pop("budget", {}) or {}, where, targets)
     models = body.pop("models", ()) or ()
     _check(
         isinstance(models, list | tuple) and all(isinstance(m, str) for m in models),
@@ -140,54 +215,59 @@ def _engine(data: Any, index: int) -> EngineConfig:
         "expected a list of model names",
     )
     body.update(url=url, name=str(body.get("name") or f"engine-{index}"))
-    cfg = EngineConfig(
-        **_typed(EngineConfig, body, f"{where}."), models=tuple(models), budget=budget
-    )
+    with _under(where):
+        typed = _typed(EngineConfig, body, "")
+        return EngineConfig(**typed, models=tuple(models), budget=budget)
+
+
+def _targets(body: Mapping[str, Any]) -> dict[str, float]:
+    """The TTFT and gap targets every engine's budget loop aims under."""
+    typed = _typed(Settings, body, "")
+    targets = {k: typed.get(k, getattr(Settings, k)) for k in ("ttft_target_s", "gap_target_s")}
     _check(
-        cfg.scheduling_policy in ("fcfs", "priority"),
-        f"{where}.scheduling_policy",
-        "expected fcfs or priority",
+        all(v > 0 for v in targets.values()),
+        "targets",
+        "ttft_target_s and gap_target_s must be positive",
     )
+    return targets
+
+
+def _engines(data: Any, targets: Mapping[str, float]) -> tuple[EngineConfig, ...]:
+    engines = data or []
+    _check(isinstance(engines, list | tuple), "engines", "expected a list")
+    _check(len(engines) > 0, "engines", "at least one engine is needed (--engine URL)")
+    parsed = tuple(_engine(e, i, targets) for i, e in enumerate(engines))
+    names = [e.name for e in parsed]
+    _check(len(set(names)) == len(names), "engines", f"names must be unique, got {names}")
+    return parsed
+
+
+def _class_override(value: Any) -> bool | tuple[str, ...]:
+    if isinstance(value, list | tuple):
+        value = tuple(str(k) for k in value)
     _check(
-        cfg.max_inflight >= 1 and cfg.batch_max_inflight >= 1,
-        where,
-        "max_inflight and batch_max_inflight must be at least 1",
+        isinstance(value, bool | tuple),
+        "class_override",
+        "expected true, false or a list of API keys",
     )
-    _check(0 < cfg.kv_high_watermark <= 1, f"{where}.kv_high_watermark", "expected (0, 1]")
-    return cfg
+    return value  # type: ignore[no-any-return]
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     """Validate a settings document (the merged YAML, environment and flags)."""
-    _known(Settings, data, "settings")
+    _known(_fields(Settings), data, "settings")
     body = dict(data)
-    engines = body.pop("engines", None) or []
-    _check(isinstance(engines, list | tuple), "engines", "expected a list")
-    _check(len(engines) > 0, "engines", "at least one engine is needed (--engine URL)")
-    parsed = tuple(_engine(e, i) for i, e in enumerate(engines))
-    names = [e.name for e in parsed]
-    _check(len(set(names)) == len(names), "engines", f"names must be unique, got {names}")
-    override = body.pop("class_override", True)
-    if isinstance(override, list | tuple):
-        override = tuple(str(k) for k in override)
-    _check(
-        isinstance(override, bool | tuple),
-        "class_override",
-        "expected true, false or a list of API keys",
-    )
+    targets = _targets(body)
+    engines = _engines(body.pop("engines", None), targets)
+    override = _class_override(body.pop("class_override", True))
     keys = tuple(str(k) for k in body.pop("api_keys", ()) or ())
     try:
         settings = Settings(
-            engines=parsed, class_override=override, api_keys=keys, **_typed(Settings, body, "")
+            engines=engines, class_override=override, api_keys=keys, **_typed(Settings, body, "")
         )
     except TypeError as exc:
-        raise ConfigError(f"settings: {exc}") from exc
+        raise ConfigError("settings", str(exc)) from exc
     _check(1 <= settings.port <= 65535, "port", "expected 1..65535")
-    _check(
-        settings.ttft_target_s > 0 and settings.gap_target_s > 0,
-        "targets",
-        "ttft_target_s and gap_target_s must be positive",
-    )
     _check(
         settings.health_interval_s > 0 and settings.scrape_interval_s > 0,
         "intervals",
@@ -214,7 +294,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             try:
                 out[key] = kind(env[var])
             except ValueError as exc:
-                raise ConfigError(f"{var}: cannot read {env[var]!r} as {kind.__name__}") from exc
+                raise ConfigError(var, f"cannot read {env[var]!r} as {kind.__name__}") from exc
     if env.get("WHOSETURN_ENGINES"):
         out["engines"] = [u.strip() for u in env["WHOSETURN_ENGINES"].split(",") if u.strip()]
     return out
@@ -224,9 +304,9 @@ def _from_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
     _check(isinstance(data, dict), str(path), "expected a mapping at top level")
     return data
 

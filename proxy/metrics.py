@@ -8,13 +8,13 @@ disagree with ``/turn``. Everything lives on a registry owned by the app.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.scheduler import HeldReason, Scheduler, TrafficClass, Turn
+from proxy.scheduler import EngineState, Scheduler, TrafficClass
 
 TTFT_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
@@ -32,8 +32,17 @@ QUEUE_BUCKETS = (
     60.0, 120.0, 300.0, 900.0, 3600.0,
 )  # fmt: skip
 
+CLASS_ENGINE = ("class", "engine")
 OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
 BATCH_RECORD_STATUSES = ("valid", "invalid", "failed")
+
+
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
 
 
 class SchedulerCollector(Collector):
@@ -52,62 +61,68 @@ class SchedulerCollector(Collector):
         self.engine_urls = engine_urls
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, read from the scheduler as it stands (a read: nothing runs)."""
         engines = list(self.scheduler.engines.values())
-        turn = GaugeMetricFamily(
-            "whoseturn_turn", "1 for the engine's current turn, 0 for the others",
-            labels=["engine", "turn"],
-        )  # fmt: skip
-        turn_s = CounterMetricFamily(
-            "whoseturn_turn_seconds", "Time each engine spent in each turn",
-            labels=["engine", "turn"],
-        )  # fmt: skip
-        held = CounterMetricFamily(
-            "whoseturn_batch_held_seconds", "Time batch work was held, by reason",
-            labels=["engine", "reason"],
-        )  # fmt: skip
-        budget = GaugeMetricFamily(
-            "whoseturn_prefill_budget_tokens", "Batch prefill budget B", labels=["engine"]
+        yield from self._turns(engines, self.scheduler.clock.now())
+        yield from self._work(engines)
+        yield from self._queues()
+
+    def _turns(self, engines: list[EngineState], now: float) -> Iterator[Metric]:
+        turn = _gauge(
+            "whoseturn_turn", "1 for the engine's current turn, 0 for the others", "engine", "turn"
         )
-        prefill = GaugeMetricFamily(
-            "whoseturn_prefill_inflight_tokens", "Prompt tokens dispatched, no first token yet",
-            labels=["engine", "class"],
-        )  # fmt: skip
-        decode = GaugeMetricFamily(
-            "whoseturn_decode_inflight_requests", "Streams in decode", labels=["engine", "class"]
+        turn_s = _counter(
+            "whoseturn_turn_seconds", "Time each engine spent in each turn", "engine", "turn"
         )
-        up = GaugeMetricFamily(
-            "whoseturn_engine_up", "1 if the engine is in service", labels=["engine"]
+        held = _counter(
+            "whoseturn_batch_held_seconds",
+            "Time batch work was held, by reason",
+            "engine",
+            "reason",
         )
-        info = GaugeMetricFamily(
-            "whoseturn_engine_info", "The engine's URL, to join with its own metrics",
-            labels=["engine", "url"],
-        )  # fmt: skip
         for e in engines:
-            for t in Turn:
+            for t, seconds in e.turn_seconds_at(now).items():
                 turn.add_metric([e.name, t.value], 1.0 if e.turn is t else 0.0)
-                turn_s.add_metric([e.name, t.value], e.turn_seconds[t])
-            for r in HeldReason:
-                held.add_metric([e.name, r.value], e.held_seconds[r])
+                turn_s.add_metric([e.name, t.value], seconds)
+            for r, seconds in e.held_seconds_at(now).items():
+                held.add_metric([e.name, r.value], seconds)
+        yield from (turn, turn_s, held)
+
+    def _work(self, engines: list[EngineState]) -> Iterator[Metric]:
+        budget = _gauge("whoseturn_prefill_budget_tokens", "Batch prefill budget B", "engine")
+        prefill = _gauge(
+            "whoseturn_prefill_inflight_tokens",
+            "Prompt tokens dispatched, no first token yet",
+            "engine",
+            "class",
+        )
+        decode = _gauge(
+            "whoseturn_decode_inflight_requests", "Streams in decode", "engine", "class"
+        )
+        up = _gauge("whoseturn_engine_up", "1 if the engine is in service", "engine")
+        info = _gauge(
+            "whoseturn_engine_info",
+            "The engine's URL, to join with its own metrics",
+            "engine",
+            "url",
+        )
+        for e in engines:
             budget.add_metric([e.name], e.budget.tokens)
             for c in TrafficClass:
                 prefill.add_metric([e.name, c.value], e.prefill_tokens(c))
                 decode.add_metric([e.name, c.value], e.decode_streams(c))
             up.add_metric([e.name], 1.0 if e.up else 0.0)
             info.add_metric([e.name, self.engine_urls.get(e.name, "")], 1.0)
-        yield from (turn, turn_s, held, budget, prefill, decode, up, info)
-        yield from self._queues()
+        yield from (budget, prefill, decode, up, info)
 
     def _queues(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily(
-            "whoseturn_queue_depth", "Requests waiting in the proxy", labels=["class"]
+        depth = _gauge("whoseturn_queue_depth", "Requests waiting in the proxy", "class")
+        target = _gauge("whoseturn_ttft_target_seconds", "Configured TTFT target", "class")
+        gap = _gauge(
+            "whoseturn_inter_token_target_seconds",
+            "Configured inter-token gap target (p95)",
+            "class",
         )
-        target = GaugeMetricFamily(
-            "whoseturn_ttft_target_seconds", "Configured TTFT target", labels=["class"]
-        )
-        gap = GaugeMetricFamily(
-            "whoseturn_inter_token_target_seconds", "Configured inter-token gap target (p95)",
-            labels=["class"],
-        )  # fmt: skip
         for c in TrafficClass:
             depth.add_metric([c.value], len(self.scheduler.queues[c]))
             if c in self.ttft_targets:
@@ -128,44 +143,45 @@ class ProxyMetrics:
         engine_urls: dict[str, str] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        ce = ["class", "engine"]
-        self.queue_wait = Histogram(
-            "whoseturn_queue_wait_seconds", "Time in the proxy's queue", ["class"],
-            buckets=QUEUE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.ttft = Histogram(
-            "whoseturn_ttft_seconds", "Arrival at the proxy to first token", ce,
-            buckets=TTFT_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.prefill = Histogram(
-            "whoseturn_prefill_seconds", "Dispatch to first token", ce,
-            buckets=TTFT_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.inter_token = Histogram(
-            "whoseturn_inter_token_seconds", "Gap between tokens of a stream", ce,
-            buckets=GAP_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.request = Histogram(
-            "whoseturn_request_seconds", "Arrival at the proxy to last byte", ce,
-            buckets=REQUEST_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.requests = Counter(
-            "whoseturn_requests", "Requests by outcome", [*ce, "outcome"], registry=r
+        self.queue_wait = self._histogram(
+            "whoseturn_queue_wait_seconds", "Time in the proxy's queue", QUEUE_BUCKETS, ["class"]
         )
-        self.prompt_tokens = Counter(
-            "whoseturn_prompt_tokens", "Prompt tokens (engine usage)", ce, registry=r
+        self.ttft = self._histogram(
+            "whoseturn_ttft_seconds", "Arrival at the proxy to first token", TTFT_BUCKETS
         )
-        self.completion_tokens = Counter(
-            "whoseturn_completion_tokens", "Completion tokens (engine usage)", ce, registry=r
+        self.prefill = self._histogram(
+            "whoseturn_prefill_seconds", "Dispatch to first token", TTFT_BUCKETS
         )
-        self.batch_records = Counter(
-            "whoseturn_batch_records", "Batch records by status", ["status"], registry=r
+        self.inter_token = self._histogram(
+            "whoseturn_inter_token_seconds", "Gap between tokens of a stream", GAP_BUCKETS
+        )
+        self.request = self._histogram(
+            "whoseturn_request_seconds", "Arrival at the proxy to last byte", REQUEST_BUCKETS
+        )
+        self.requests = self._counter(
+            "whoseturn_requests", "Requests by outcome", [*CLASS_ENGINE, "outcome"]
+        )
+        self.prompt_tokens = self._counter(
+            "whoseturn_prompt_tokens", "Prompt tokens (engine usage)"
+        )
+        self.completion_tokens = self._counter(
+            "whoseturn_completion_tokens", "Completion tokens (engine usage)"
+        )
+        self.batch_records = self._counter(
+            "whoseturn_batch_records", "Batch records by status", ["status"]
         )
         ttft = {TrafficClass.INTERACTIVE: ttft_target_s}
         gap = {TrafficClass.INTERACTIVE: gap_target_s}
-        r.register(SchedulerCollector(scheduler, ttft, gap, engine_urls or {}))
+        self.registry.register(SchedulerCollector(scheduler, ttft, gap, engine_urls or {}))
         self._create_children(scheduler)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = CLASS_ENGINE
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = CLASS_ENGINE) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
 
     def _create_children(self, scheduler: Scheduler) -> None:
         """Counters start at 0 for every known label set, so that ``increase()`` sees

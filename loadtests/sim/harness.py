@@ -13,10 +13,11 @@ from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
-from proxy.scheduler import EngineLoad, EngineSettings, Job, Scheduler, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import EngineLoad, Job, Scheduler, TrafficClass
 
-INTERACTIVE_PRIORITY = -10
-BATCH_PRIORITY = 0
+INTERACTIVE_PRIORITY = TrafficClass.INTERACTIVE.engine_priority
+BATCH_PRIORITY = TrafficClass.BATCH.engine_priority
 
 
 def engine_priority(
@@ -86,7 +87,7 @@ class ProxyFront:
     def __init__(
         self,
         runner: VirtualRunner,
-        settings: EngineSettings,
+        settings: EngineConfig,
         *,
         scrape_interval_s: float,
         keep_scraping: Callable[[float], bool],

@@ -35,7 +35,8 @@ from loadtests.sim.profile import StepCost
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
-from proxy.scheduler import EngineSettings, Job, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.budget import percentile
 
 
@@ -80,7 +81,7 @@ class ReplayArm:
     through_proxy: bool = False
     interactive_priority: int = INTERACTIVE_PRIORITY
     batch_priority: int = BATCH_PRIORITY
-    proxy_engine: EngineSettings | None = None
+    proxy_engine: EngineConfig | None = None
     scrape_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
@@ -196,7 +197,7 @@ def _direct(engine: SimEngine, arm: ReplayArm) -> Submit:
 def _through_proxy(
     runner: VirtualRunner, arm: ReplayArm, model: str, last_arrival: float
 ) -> Submit:
-    settings = arm.proxy_engine or EngineSettings(name="engine-0", models=frozenset({model}))
+    settings = arm.proxy_engine or EngineConfig(name="engine-0", models=frozenset({model}))
 
     def keep_scraping(t: float) -> bool:
         if not front.scheduler.jobs:

@@ -32,7 +32,8 @@ from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
-from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import percentile
 
 __all__ = [
@@ -172,7 +173,7 @@ def run_proxy(
     workload: MixedWorkload,
     config: SchedulerConfig,
     cost: StepCost,
-    engine_settings: EngineSettings,
+    engine_settings: EngineConfig,
     scrape_interval_s: float = 1.0,
 ) -> tuple[ArmResult, Scheduler]:
     """The same workload through the proxy's scheduler in front of one engine
@@ -215,7 +216,7 @@ def evaluation_arms(
     tuned = recommended_engine_flags(config)
     fcfs = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.FCFS)
     prio = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.PRIORITY)
-    proxy_engine = EngineSettings(name="engine-0", models=frozenset({model}))
+    proxy_engine = EngineConfig(name="engine-0", models=frozenset({model}))
     proxied, _ = run_proxy(
         "(c) through the proxy, recommended flags", workload, tuned, cost, proxy_engine
     )

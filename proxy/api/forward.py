@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -26,37 +26,24 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.admission import Admission
+from proxy.admission import Admitted
 from proxy.api.assemble import Assembler
 from proxy.api.errors import engine_failed, engine_unavailable, model_not_found
-from proxy.api.inputs import (
-    TokenEstimator,
-    affinity_key,
-    check_api_key,
-    prompt_text,
-    read_json,
-    stream_wish,
-    traffic_class,
-    upstream_body,
-)
-from proxy.api.relay import Relay
+from proxy.api.inputs import ChatRequest, check_api_key, read_request
+from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.sse import sse_error
-from proxy.clock import Clock
 from proxy.config import Settings
 from proxy.engines import (
     EngineHTTPError,
     EngineMonitor,
     EnginePool,
     EngineUnavailable,
-    UpstreamError,
     map_stream_error,
 )
-from proxy.metrics import ProxyMetrics
 from proxy.scheduler import Job, TrafficClass
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-PRIORITY = {TrafficClass.INTERACTIVE: -10, TrafficClass.BATCH: 0}
 DONE = b"data: [DONE]\n\n"
 
 
@@ -95,165 +82,143 @@ async def close_shielded(stack: AsyncExitStack) -> None:
 
 @dataclass
 class Opened:
-    engine: str
+    admitted: Admitted
     response: httpx.Response
     stack: AsyncExitStack
 
+    @property
+    def engine(self) -> str:
+        return self.admitted.engine
+
 
 class Forwarder:
+    """The request path of the completion routes, from the client's request to the
+    engine's answer."""
+
     def __init__(
-        self,
-        settings: Settings,
-        admission: Admission,
-        pool: EnginePool,
-        monitor: EngineMonitor,
-        metrics: ProxyMetrics,
-        clock: Clock,
+        self, settings: Settings, pool: EnginePool, monitor: EngineMonitor, services: Services
     ) -> None:
         self.settings = settings
-        self.admission = admission
         self.pool = pool
         self.monitor = monitor
-        self.metrics = metrics
-        self.clock = clock
-        self.estimator = TokenEstimator()
+        self.services = services
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
-        arrival = self.clock.now()
+        arrival = self.services.clock.now()
         check_api_key(request, self.settings)
-        body = await read_json(request)
-        cls = traffic_class(request, default, self.settings)
-        model = body["model"]
-        if model not in self.admission.scheduler.models():
-            raise model_not_found(model)
-        if cls is TrafficClass.INTERACTIVE and not self._any_engine_up(model):
-            # Interactive work does not wait for an engine to come back: 503 now.
-            self.metrics.requests.labels(cls.value, "", "rejected").inc()
-            raise engine_unavailable(f"No engine serving `{model}` is up.")
-        tokens = await self._prompt_tokens(cls, model, body)
-        job = Job(
-            id=f"wt-{uuid.uuid4().hex}", cls=cls, model=model, prompt_tokens=tokens,
-            arrival=arrival, affinity=affinity_key(body),
-        )  # fmt: skip
-        wish = stream_wish(body)
-        learn = self._learner(job, prompt_text(body))
+        req = await read_request(request, path, default, self.settings)
+        self._check_servable(req)
+        count = await self.services.counter.count(req)
+        ticket = Ticket(f"wt-{uuid.uuid4().hex}", req, arrival, count)
         try:
-            if wish.stream:
-                opened = await until_disconnect(request, self._open(job, path, body))
-                return self._stream(job, opened, wish.include_usage, learn)
-            return await until_disconnect(request, self._answer(job, path, body, learn))
+            if req.wish.stream:
+                opened = await until_disconnect(request, self._open(ticket))
+                return self._stream(ticket, opened)
+            return await until_disconnect(request, self._answer(ticket))
         except PassThrough as exc:
             return exc.response()
         except ClientGone:
-            if job.dispatched_at is None:
-                self.metrics.requests.labels(cls.value, "", "cancelled").inc()
-            logger.debug("client left before its answer started: %s", job.id)
+            logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
 
-    def _any_engine_up(self, model: str) -> bool:
-        engines = self.admission.scheduler.engines.values()
-        return any(e.up and e.serves(model) for e in engines)
+    def _check_servable(self, req: ChatRequest) -> None:
+        admission = self.services.admission
+        if req.model not in admission.models():
+            raise model_not_found(req.model)
+        if req.cls is TrafficClass.INTERACTIVE and not admission.engines_up_for(req.model):
+            # Interactive work does not wait for an engine to come back: 503 now.
+            self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
+            raise engine_unavailable(f"No engine serving `{req.model}` is up.")
 
-    def _learner(self, job: Job, text: str) -> Callable[[int], None]:
-        """Teach the estimator the engine's count for an estimated prompt."""
-        if job.cls is TrafficClass.BATCH:
-            return lambda _: None
-        return lambda tokens: self.estimator.learn(job.model, text, tokens)
+    async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
+        """The job's next dispatch: queued first, or requeued after a failure."""
+        admission, req = self.services.admission, ticket.req
+        try:
+            if retried:
+                return await admission.readmit(ticket.id)
+            job = Job(
+                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=ticket.count.tokens,
+                arrival=ticket.arrival, affinity=req.affinity,
+            )  # fmt: skip
+            admitted = await admission.admit(job)
+        except anyio.get_cancelled_exc_class():
+            self._count(ticket, "", "cancelled")  # the client left while it waited
+            raise
+        self.services.metrics.queue_wait.labels(req.cls.value).observe(admitted.queued_s)
+        return admitted
 
-    async def _prompt_tokens(self, cls: TrafficClass, model: str, body: dict[str, Any]) -> int:
-        """Exact (engine tokenizer) for batch; an estimate for interactive."""
-        text = prompt_text(body)
-        if cls is TrafficClass.BATCH:
-            engine = next(
-                (e for e in self.admission.scheduler.engines.values() if e.serves(model) and e.up),
-                None,
-            )
-            if engine is not None:
-                try:
-                    client = self.pool.client_for(engine.name)
-                    if isinstance(body.get("messages"), list):
-                        return await client.count_tokens(model, messages=body["messages"])
-                    return await client.count_tokens(model, prompt=body.get("prompt"))
-                except (UpstreamError, ValueError) as exc:
-                    # A malformed prompt is the engine's to reject; count it roughly.
-                    logger.warning("tokenize failed on %s, estimating: %s", engine.name, exc)
-        return self.estimator.estimate(model, text)
-
-    async def _open(self, job: Job, path: str, body: dict[str, Any]) -> Opened:
+    async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere
         while no byte has reached the client."""
         while True:
-            engine = await self.admission.wait_for_engine(job)
-            if job.attempts == 0 and job.dispatched_at is not None:
-                self.metrics.queue_wait.labels(job.cls.value).observe(
-                    job.dispatched_at - job.arrival
-                )
-            policy = self.pool.client_for(engine).config.scheduling_policy
-            upstream = upstream_body(body, PRIORITY[job.cls] if policy == "priority" else None)
+            admitted = await self._wait(ticket, retried)
+            retried = True
+            client = self.pool.client_for(admitted.engine)
+            body = ticket.req.body_for(client.config.scheduling_policy)
             stack = AsyncExitStack()
             try:
-                client = self.pool.client_for(engine)
-                response = await stack.enter_async_context(client.stream(path, upstream))
-                return Opened(engine, response, stack)
-            except EngineUnavailable as exc:
+                response = await stack.enter_async_context(client.stream(ticket.req.path, body))
+                return Opened(admitted, response, stack)
+            except BaseException as exc:
                 await close_shielded(stack)
-                self.monitor.mark_failed(engine)
-                if not self._retry(job, exc):
-                    raise engine_unavailable(f"No engine could take the request: {exc}") from exc
-            except EngineHTTPError as exc:
-                await close_shielded(stack)
-                headers = self._headers(job, engine)
-                if exc.status < 500:
-                    self._count(job, engine, "client_error")
-                    self.admission.finished(job.id)
-                    raise PassThrough(exc, headers) from exc
-                if not self._retry(job, exc):
-                    raise PassThrough(exc, headers) from exc
-            except BaseException:
-                await close_shielded(stack)
-                self._count(job, engine, "cancelled")
-                self.admission.abandon(job.id)
-                raise
+                self._open_failed(ticket, admitted, exc)
 
-    def _retry(self, job: Job, exc: Exception) -> bool:
-        engine = job.engine or ""  # before the requeue, which may dispatch it elsewhere
-        requeued = self.admission.failed(job.id, retry=True)
-        logger.warning("%s failed on %s (%s); retry elsewhere: %s", job.id, engine, exc, requeued)
+    def _open_failed(self, ticket: Ticket, admitted: Admitted, exc: BaseException) -> None:
+        """Returns if the job was queued again for another engine; else raises what
+        the client is to see."""
+        engine = admitted.engine
+        if isinstance(exc, EngineUnavailable):
+            self.monitor.mark_failed(engine)
+            if self._retry(ticket, engine, exc):
+                return
+            raise engine_unavailable(f"No engine could take the request: {exc}") from exc
+        if isinstance(exc, EngineHTTPError):
+            headers = self._headers(ticket, admitted)
+            if exc.status < 500:
+                self._count(ticket, engine, "client_error")
+                self.services.admission.finished(ticket.id)
+                raise PassThrough(exc, headers) from exc
+            if self._retry(ticket, engine, exc):
+                return
+            raise PassThrough(exc, headers) from exc
+        self._count(ticket, engine, "cancelled")
+        self.services.admission.abandon(ticket.id)
+        raise exc
+
+    def _retry(self, ticket: Ticket, engine: str, exc: Exception) -> bool:
+        requeued = self.services.admission.failed(ticket.id, retry=True)
+        logger.warning(
+            "%s failed on %s (%s); retry elsewhere: %s", ticket.id, engine, exc, requeued
+        )
         if not requeued:
-            self.metrics.requests.labels(job.cls.value, engine, "engine_error").inc()
+            self._count(ticket, engine, "engine_error")
         return requeued
 
-    def _count(self, job: Job, engine: str, outcome: str) -> None:
-        self.metrics.requests.labels(job.cls.value, engine, outcome).inc()
+    def _count(self, ticket: Ticket, engine: str, outcome: str) -> None:
+        self.services.metrics.requests.labels(ticket.req.cls.value, engine, outcome).inc()
 
-    def _headers(self, job: Job, engine: str) -> dict[str, str]:
-        queued = (job.dispatched_at or job.arrival) - job.arrival
+    @staticmethod
+    def _headers(ticket: Ticket, admitted: Admitted) -> dict[str, str]:
         return {
-            "X-Whoseturn-Class": job.cls.value,
-            "X-Whoseturn-Engine": engine,
-            "X-Whoseturn-Queue-Ms": f"{queued * 1000:.1f}",
+            "X-Whoseturn-Class": ticket.req.cls.value,
+            "X-Whoseturn-Engine": admitted.engine,
+            "X-Whoseturn-Queue-Ms": f"{admitted.queued_s * 1000:.1f}",
         }
 
-    def _relay(self, job: Job, opened: Opened, learn: Callable[[int], None]) -> Relay:
-        return Relay(
-            job, opened.engine, opened.response, self.admission, self.metrics, self.clock, learn
-        )
-
-    async def _answer(
-        self, job: Job, path: str, body: dict[str, Any], learn: Callable[[int], None]
-    ) -> Response:
+    async def _answer(self, ticket: Ticket) -> Response:
         """A whole (non-streaming) answer; the stream may be retried if it breaks."""
+        retried = False
         while True:
-            opened = await self._open(job, path, body)
-            relay = self._relay(job, opened, learn)
-            assembler = Assembler(chat=path.endswith("/chat/completions"))
+            opened = await self._open(ticket, retried)
+            relay = Relay(ticket, opened.admitted, opened.response, self.services)
+            assembler = Assembler(chat=ticket.req.chat)
             try:
                 async for event in relay.events():
                     if event.data is not None:
                         assembler.add(event.data)
             except httpx.HTTPError as exc:
                 error = map_stream_error(opened.engine, exc)
-                if self._retry(job, error):
+                if retried := self._retry(ticket, opened.engine, error):
                     continue
                 raise engine_failed(f"The engine failed mid-answer: {error}") from exc
             except BaseException:
@@ -261,10 +226,10 @@ class Forwarder:
                 raise
             finally:
                 await close_shielded(opened.stack)
-            return self._finish_answer(job, relay, assembler, opened.engine)
+            return self._finish_answer(ticket, relay, assembler)
 
-    def _finish_answer(self, job: Job, relay: Relay, asm: Assembler, engine: str) -> Response:
-        headers = self._headers(job, engine)
+    def _finish_answer(self, ticket: Ticket, relay: Relay, asm: Assembler) -> Response:
+        headers = self._headers(ticket, relay.admitted)
         error = relay.stats.engine_error
         if error is not None:
             relay.finish("engine_error")
@@ -274,11 +239,10 @@ class Forwarder:
         relay.finish("ok")
         return JSONResponse(asm.body(), headers=headers)
 
-    def _stream(
-        self, job: Job, opened: Opened, include_usage: bool, learn: Callable[[int], None]
-    ) -> Response:
-        relay = self._relay(job, opened, learn)
-        return RelayResponse(relay, opened.stack, include_usage, self._headers(job, opened.engine))
+    def _stream(self, ticket: Ticket, opened: Opened) -> Response:
+        relay = Relay(ticket, opened.admitted, opened.response, self.services)
+        headers = self._headers(ticket, opened.admitted)
+        return RelayResponse(relay, opened.stack, ticket.req.wish.include_usage, headers)
 
 
 class PassThrough(Exception):
@@ -328,7 +292,9 @@ class RelayResponse(StreamingResponse):
         except httpx.HTTPError as exc:
             error = map_stream_error(self.relay.engine, exc)
             self.outcome = "engine_error"
-            logger.warning("stream %s broke on %s: %s", self.relay.job.id, self.relay.engine, error)
+            logger.warning(
+                "stream %s broke on %s: %s", self.relay.ticket.id, self.relay.engine, error
+            )
             yield sse_error(f"The engine failed mid-stream: {error}")
             yield DONE
         finally:

@@ -1,10 +1,11 @@
-"""What the proxy reads from a client's request: model, class, prompt size, affinity."""
+"""What the proxy reads from a client's request, once: :func:`read_request` gives the
+immutable :class:`ChatRequest` (class, model, prompt, stream wish, affinity, the
+body for the engine) that the rest of the request path works from."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,32 +75,17 @@ def prompt_text(body: Json) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
-def affinity_key(body: Json) -> str:
-    """A conversation's key: its ``user``, else a hash of its leading messages or text."""
+def affinity_key(body: Json, text: str) -> str:
+    """A conversation's key: its ``user``, else a hash of its leading messages or of
+    the start of its prompt ``text``."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return f"user:{user}"
     if isinstance(body.get("messages"), list):
         lead = json.dumps(body["messages"][:2], sort_keys=True, default=str)
     else:
-        lead = prompt_text(body)[:1024]
+        lead = text[:1024]
     return "lead:" + hashlib.sha1(lead.encode(), usedforsecurity=False).hexdigest()
-
-
-class TokenEstimator:
-    """Prompt tokens from text length, with each model's ratio learned from ``usage``."""
-
-    def __init__(self, tokens_per_char: float = 0.25, weight: float = 0.2) -> None:
-        self._ratio: defaultdict[str, float] = defaultdict(lambda: tokens_per_char)
-        self._weight = weight
-
-    def estimate(self, model: str, text: str) -> int:
-        return max(1, round(len(text) * self._ratio[model]))
-
-    def learn(self, model: str, text: str, tokens: int) -> None:
-        if text and tokens > 0:
-            seen = tokens / len(text)
-            self._ratio[model] += self._weight * (seen - self._ratio[model])
 
 
 @dataclass(frozen=True)
@@ -128,3 +114,54 @@ def upstream_body(body: Json, priority: int | None) -> Json:
     if priority is not None:
         out["priority"] = priority
     return out
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One client request as the proxy understands it.
+
+    ``messages`` (chat) or ``prompt`` (completions) are what a tokenizer counts;
+    ``text`` is the prompt's text for an estimate; ``upstream`` is the body every
+    engine is sent (streamed, with usage, no client ``priority``).
+    """
+
+    path: str
+    cls: TrafficClass
+    model: str
+    messages: list[Any] | None
+    prompt: Any
+    text: str
+    wish: StreamWish
+    affinity: str
+    upstream: Json
+
+    @property
+    def chat(self) -> bool:
+        return self.path.endswith("/chat/completions")
+
+    def body_for(self, scheduling_policy: str) -> Json:
+        """The body for an engine running ``scheduling_policy``: the class's priority
+        under ``priority``, none under FCFS."""
+        if scheduling_policy != "priority":
+            return self.upstream
+        return upstream_body(self.upstream, self.cls.engine_priority)
+
+
+async def read_request(
+    request: Request, path: str, default: TrafficClass, settings: Settings
+) -> ChatRequest:
+    """Read and check the client's request (400/403 on what is wrong with it)."""
+    body = await read_json(request)
+    messages = body.get("messages")
+    text = prompt_text(body)
+    return ChatRequest(
+        path=path,
+        cls=traffic_class(request, default, settings),
+        model=body["model"],
+        messages=messages if isinstance(messages, list) else None,
+        prompt=body.get("prompt"),
+        text=text,
+        wish=stream_wish(body),
+        affinity=affinity_key(body, text),
+        upstream=upstream_body(body, None),
+    )

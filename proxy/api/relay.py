@@ -4,12 +4,14 @@
 (through :class:`~proxy.admission.Admission`) when the first token arrives and
 each gap after it, records the request's metrics, and either yields the events'
 bytes unchanged (streaming clients) or feeds them to an
-:class:`~proxy.api.assemble.Assembler` (clients that asked for one body).
+:class:`~proxy.api.assemble.Assembler` (clients that asked for one body). When it
+finishes, the engine's ``usage`` teaches the prompt counter and the job leaves the
+scheduler.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +19,33 @@ import anyio
 import anyio.lowlevel
 import httpx
 
-from proxy.admission import Admission
+from proxy.admission import Admission, Admitted
+from proxy.api.inputs import ChatRequest
+from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.clock import Clock
 from proxy.metrics import ProxyMetrics
-from proxy.scheduler import Job
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the request path reports to: the scheduler's door, the metrics, the
+    clock, and the prompt counter."""
+
+    admission: Admission
+    metrics: ProxyMetrics
+    clock: Clock
+    counter: PromptCounter
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One request on its way: its job id, what it asked, when it came, its size."""
+
+    id: str
+    req: ChatRequest
+    arrival: float
+    count: PromptCount
 
 
 @dataclass
@@ -35,24 +59,15 @@ class RelayStats:
 
 class Relay:
     def __init__(
-        self,
-        job: Job,
-        engine: str,
-        response: httpx.Response,
-        admission: Admission,
-        metrics: ProxyMetrics,
-        clock: Clock,
-        learn: Callable[[int], None],
+        self, ticket: Ticket, admitted: Admitted, response: httpx.Response, services: Services
     ) -> None:
-        self.job = job
-        self.engine = engine
+        self.ticket = ticket
+        self.admitted = admitted
+        self.engine = admitted.engine
         self.response = response
-        self.admission = admission
-        self.metrics = metrics
-        self.clock = clock
-        self.learn = learn
+        self.services = services
         self.stats = RelayStats()
-        self._labels = (job.cls.value, engine)
+        self._labels = (ticket.req.cls.value, admitted.engine)
 
     async def events(self) -> AsyncIterator[SSEEvent]:
         """The engine's events as they complete; read errors propagate (httpx).
@@ -76,32 +91,33 @@ class Relay:
             self.stats.engine_error = event.error
         if event.data is not None and event.data.get("usage"):
             self.stats.usage = event.data["usage"]
-        if not event.has_token:
-            return
-        now = self.clock.now()
+        if event.has_token:
+            self._token(self.services.clock.now())
+
+    def _token(self, now: float) -> None:
+        metrics, admission = self.services.metrics, self.services.admission
         last = self.stats.last_token_at
         self.stats.last_token_at = now
         if last is None:
             self.stats.first_token_at = now
-            self.metrics.ttft.labels(*self._labels).observe(now - self.job.arrival)
-            if self.job.dispatched_at is not None:
-                self.metrics.prefill.labels(*self._labels).observe(now - self.job.dispatched_at)
-            self.admission.first_token(self.job.id)
+            metrics.ttft.labels(*self._labels).observe(now - self.ticket.arrival)
+            metrics.prefill.labels(*self._labels).observe(now - self.admitted.dispatched_at)
+            admission.first_token(self.ticket.id)
         else:
-            self.metrics.inter_token.labels(*self._labels).observe(now - last)
-            self.admission.token_gap(self.job.id, now - last)
+            metrics.inter_token.labels(*self._labels).observe(now - last)
+            admission.token_gap(self.ticket.id, now - last)
 
     def finish(self, outcome: str) -> None:
-        """Record the outcome and release the job from the scheduler."""
+        """Record the outcome, learn from ``usage``, and release the job."""
+        metrics, now = self.services.metrics, self.services.clock.now()
         usage = self.stats.usage or {}
         prompt = usage.get("prompt_tokens")
         completion = usage.get("completion_tokens")
         if isinstance(prompt, int):
-            self.metrics.prompt_tokens.labels(*self._labels).inc(prompt)
+            metrics.prompt_tokens.labels(*self._labels).inc(prompt)
+            self.services.counter.learn(self.ticket.req, self.ticket.count, prompt)
         if isinstance(completion, int):
-            self.metrics.completion_tokens.labels(*self._labels).inc(completion)
-        self.metrics.requests.labels(*self._labels, outcome).inc()
-        self.metrics.request.labels(*self._labels).observe(self.clock.now() - self.job.arrival)
-        if isinstance(prompt, int):
-            self.learn(prompt)
-        self.admission.finished(self.job.id, prompt if isinstance(prompt, int) else None)
+            metrics.completion_tokens.labels(*self._labels).inc(completion)
+        metrics.requests.labels(*self._labels, outcome).inc()
+        metrics.request.labels(*self._labels).observe(now - self.ticket.arrival)
+        self.services.admission.finished(self.ticket.id)

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
-from proxy.scheduler.report import sentence, turn_report
+from proxy.scheduler.turns import sentence
 
 
 def wants_text(request: Request) -> bool:
@@ -21,15 +21,14 @@ def wants_text(request: Request) -> bool:
 
 
 def turn_body(admission: Admission) -> dict[str, Any]:
-    admission.tick()
-    return {"time": time.time(), "engines": turn_report(admission.scheduler)}
+    """Whose turn it is on each engine, as of now (a read: the scheduler does not run)."""
+    return {"time": time.time(), "engines": admission.report()}
 
 
 def log_body(admission: Admission, limit: int) -> dict[str, Any]:
     """The most recent decisions, oldest first, with wall-clock times."""
-    scheduler = admission.scheduler
-    offset = time.time() - scheduler.clock.now()
-    decisions = list(scheduler.log)[-limit:] if limit > 0 else []
+    offset = time.time() - admission.now()
+    decisions = admission.decisions(limit)
     return {
         "decisions": [
             {

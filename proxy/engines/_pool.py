@@ -9,9 +9,8 @@ import anyio
 import httpx
 
 from proxy.config import EngineConfig, Settings
-from proxy.engines._client import CONTROL_TIMEOUT_S, EngineClient
+from proxy.engines._client import EngineClient
 from proxy.engines._exceptions import UpstreamError
-from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -46,25 +45,13 @@ def make_http_client(
 class EnginePool:
     """An :class:`EngineClient` per configured engine, by name in config order."""
 
-    def __init__(
-        self,
-        configs: Sequence[EngineConfig],
-        client: httpx.AsyncClient,
-        *,
-        control_timeout_s: float = CONTROL_TIMEOUT_S,
-        token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
-    ) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], client: httpx.AsyncClient) -> None:
         self.client = client
         self.engines: dict[str, EngineClient] = {}
         for config in configs:
             if config.name in self.engines:
                 raise ValueError(f"engine names must be unique, {config.name!r} repeats")
-            self.engines[config.name] = EngineClient(
-                config,
-                client,
-                control_timeout_s=control_timeout_s,
-                token_cache_size=token_cache_size,
-            )
+            self.engines[config.name] = EngineClient(config, client)
 
     def client_for(self, name: str) -> EngineClient:
         """The engine called ``name``; :class:`KeyError` if there is none."""
@@ -79,7 +66,7 @@ class EnginePool:
         Engines are asked concurrently; one that cannot answer gets ``()`` and a
         warning in the log. Returns every engine, in config order.
         """
-        found = {name: engine.config.models for name, engine in self.engines.items()}
+        found = {name: tuple(engine.config.models) for name, engine in self.engines.items()}
         async with anyio.create_task_group() as tg:
             for name, engine in self.engines.items():
                 if not found[name]:

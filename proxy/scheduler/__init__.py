@@ -1,12 +1,17 @@
 """The proxy's scheduler: pure, deterministic, over an injected clock.
 
 Public names: :class:`Scheduler`, its settings, and the vocabulary in ``types``.
+The scheduler takes the engines' settings as the config loader makes them
+(:class:`proxy.config.EngineConfig`, :class:`proxy.config.BudgetConfig`).
 """
 
-from proxy.scheduler.budget import BudgetController, BudgetSettings
+from proxy.config import BudgetConfig, EngineConfig
+from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.core import Scheduler, SchedulerSettings, UnknownModel
-from proxy.scheduler.engine import EngineLoad, EngineSettings, EngineState
+from proxy.scheduler.state import EngineLoad, EngineState
 from proxy.scheduler.types import (
+    BATCH_PRIORITY,
+    INTERACTIVE_PRIORITY,
     Decision,
     Dispatch,
     HeldReason,
@@ -16,7 +21,13 @@ from proxy.scheduler.types import (
     Turn,
 )
 
+# The names the test bench and older callers use for the same two classes.
+EngineSettings = EngineConfig
+BudgetSettings = BudgetConfig
+
 __all__ = [
+    "BATCH_PRIORITY",
+    "INTERACTIVE_PRIORITY",
     "BudgetController",
     "BudgetSettings",
     "Decision",

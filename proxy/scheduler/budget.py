@@ -23,33 +23,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetSettings:
-    initial_tokens: int = 8192
-    min_tokens: int = 512
-    max_tokens: int = 65536
-    ttft_target_s: float = 0.300
-    gap_target_s: float = 0.100
-    aim: float = 0.8
-    percentile: float = 0.95
-    window_s: float = 30.0
-    interval_s: float = 1.0
-    min_samples: int = 5
-    decrease: float = 0.5
-    increase_tokens: int = 512
-
-    def __post_init__(self) -> None:
-        if not 0 < self.min_tokens <= self.initial_tokens <= self.max_tokens:
-            raise ValueError("budget bounds must satisfy 0 < min <= initial <= max")
-        if not 0 < self.decrease < 1:
-            raise ValueError("decrease must be in (0, 1)")
-        if not 0 < self.aim <= 1 or not 0 < self.percentile <= 1:
-            raise ValueError("aim and percentile must be in (0, 1]")
-        if self.ttft_target_s <= 0 or self.gap_target_s <= 0:
-            raise ValueError("targets must be positive")
+from proxy.config import BudgetConfig
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -95,17 +70,18 @@ class SlidingWindow:
     def add(self, t: float, value: float) -> None:
         self.added += 1
         self._samples.append((t, self.added, value))
+        while self._samples[0][0] < t - self.span:
+            self._samples.popleft()
 
     def values(self, now: float, after: int = 0) -> list[float]:
-        while self._samples and self._samples[0][0] < now - self.span:
-            self._samples.popleft()
-        return [v for _, n, v in self._samples if n > after]
+        """The samples within the span before ``now`` added after ``after`` (a read)."""
+        return [v for t, n, v in self._samples if n > after and t >= now - self.span]
 
 
 class BudgetController:
     """The budget ``B`` of one engine: prompt tokens that may be in prefill at once."""
 
-    def __init__(self, settings: BudgetSettings, now: float) -> None:
+    def __init__(self, settings: BudgetConfig, now: float) -> None:
         self.settings = settings
         self.tokens = settings.initial_tokens
         self.ttft = SlidingWindow(settings.window_s)

@@ -28,17 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
-from proxy.scheduler.engine import EngineLoad, EngineSettings, EngineState
+from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.types import (
-    Decision,
-    Dispatch,
-    HeldReason,
-    Job,
-    Phase,
-    TrafficClass,
-    Turn,
-)
+from proxy.scheduler.state import EngineLoad, EngineState
+from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +47,7 @@ class UnknownModel(LookupError):
 class Scheduler:
     def __init__(
         self,
-        engines: Sequence[EngineSettings],
+        engines: Sequence[EngineConfig],
         clock: Clock,
         settings: SchedulerSettings | None = None,
     ) -> None:
@@ -75,6 +68,14 @@ class Scheduler:
 
     def models(self) -> list[str]:
         return sorted({m for e in self.engines.values() for m in e.settings.models})
+
+    def engines_up_for(self, model: str) -> list[str]:
+        """The names of the up engines serving ``model``, in configuration order."""
+        return [e.name for e in self.engines.values() if e.up and e.serves(model)]
+
+    def engines_without_models(self) -> list[str]:
+        """The engines that serve no model yet (not discovered at start)."""
+        return [e.name for e in self.engines.values() if not e.settings.models]
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
@@ -116,9 +117,7 @@ class Scheduler:
         return out
 
     def _candidates(self, job: Job) -> list[EngineState]:
-        return [
-            e for e in self.engines.values() if e.serves(job.model) and e.name not in job.excluded
-        ]
+        return [e for e in self.engines.values() if e.eligible(job)]
 
     def _dispatch_interactive(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
@@ -135,10 +134,7 @@ class Scheduler:
         return out
 
     def _interactive_queued_for(self, engine: EngineState) -> bool:
-        return any(
-            engine.serves(j.model) and engine.name not in j.excluded
-            for j in self.queues[TrafficClass.INTERACTIVE]
-        )
+        return any(engine.eligible(j) for j in self.queues[TrafficClass.INTERACTIVE])
 
     def _dispatch_batch(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
@@ -169,7 +165,7 @@ class Scheduler:
         engine.inflight[job.id] = job
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
-        return Dispatch(job, engine.name)
+        return Dispatch(job, engine.name, job.attempts, now)
 
     def _hold(
         self, now: float, job: Job, engines: Iterable[EngineState], reason: HeldReason
@@ -205,12 +201,6 @@ class Scheduler:
             return
         self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
 
-    def correct_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
-        """Replace an estimated prompt size with the engine's count."""
-        job = self.jobs.get(job_id)
-        if job is not None:
-            job.prompt_tokens = prompt_tokens
-
     def on_finished(self, job_id: str) -> Job | None:
         return self.cancel(job_id)
 
@@ -240,7 +230,7 @@ class Scheduler:
         """Replace the models an engine serves (found by discovery)."""
         now = self._begin()
         engine = self.engines[name]
-        engine.settings = dataclasses.replace(engine.settings, models=frozenset(models))
+        engine.settings = dataclasses.replace(engine.settings, models=tuple(models))
         self._end(now)
 
     def set_engine_up(self, name: str, up: bool) -> None:
@@ -273,10 +263,7 @@ class Scheduler:
             engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
-        for job in self.queues[TrafficClass.BATCH]:
-            if engine.serves(job.model) and engine.name not in job.excluded:
-                return job
-        return None
+        return next((j for j in self.queues[TrafficClass.BATCH] if engine.eligible(j)), None)
 
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
         head = self._head_batch_job(engine)

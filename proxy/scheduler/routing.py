@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from proxy.scheduler.engine import EngineState
+from proxy.scheduler.state import EngineState
 from proxy.scheduler.types import Job
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+INTERACTIVE_PRIORITY = -10
+BATCH_PRIORITY = 0
+
 
 class TrafficClass(enum.StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"
+
+    @property
+    def engine_priority(self) -> int:
+        """The request ``priority`` for an engine under vLLM's priority policy (lower
+        runs first): interactive -10, batch 0."""
+        return INTERACTIVE_PRIORITY if self is TrafficClass.INTERACTIVE else BATCH_PRIORITY
 
 
 class Turn(enum.StrEnum):
@@ -71,10 +80,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Send ``job`` to ``engine`` now."""
+    """Send ``job`` to ``engine`` now: its ``attempt`` (0 first, then one per
+    requeue after a failure), dispatched ``at`` (clock time)."""
 
     job: Job
     engine: str
+    attempt: int = 0
+    at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from proxy.api.app import ProxyState, create_app
+from proxy.api.app import create_app
 from proxy.config import EngineConfig, Settings
+from proxy.server import ProxyState
 
 Json = dict[str, Any]
 CHAT = "/v1/chat/completions"

@@ -443,9 +443,9 @@ async def test_batch_request_estimated_when_tokenize_fails() -> None:
 async def test_interactive_request_estimated_then_learned_from_usage() -> None:
     engines = FakeEngines()
     async with running(engines.settings(), engines) as (client, state):
-        before = state.forwarder.estimator.estimate("m", "x" * 1000)
+        before = state.counter.estimator.estimate("m", "x" * 1000)
         await client.post(CHAT, json=chat_body())
-        after = state.forwarder.estimator.estimate("m", "x" * 1000)
+        after = state.counter.estimator.estimate("m", "x" * 1000)
     assert engines.seen("/tokenize") == []
     assert after != before
 

@@ -13,7 +13,6 @@ from proxy.api.errors import APIError
 from proxy.api.inputs import (
     CLASS_HEADER,
     StreamWish,
-    TokenEstimator,
     affinity_key,
     api_key,
     check_api_key,
@@ -23,6 +22,7 @@ from proxy.api.inputs import (
     traffic_class,
     upstream_body,
 )
+from proxy.api.prompts import TokenEstimator
 from proxy.config import EngineConfig, Settings
 from proxy.scheduler import TrafficClass
 
@@ -159,22 +159,26 @@ def chat(*contents: str, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages, **extra}
 
 
+def key(body: dict[str, Any]) -> str:
+    return affinity_key(body, prompt_text(body))
+
+
 def test_affinity_user_wins() -> None:
-    assert affinity_key(chat("a", "b", user="alice")) == "user:alice"
-    assert affinity_key(chat("x", user="alice")) == "user:alice"
+    assert key(chat("a", "b", user="alice")) == "user:alice"
+    assert key(chat("x", user="alice")) == "user:alice"
 
 
 def test_affinity_follows_the_leading_messages() -> None:
-    first = affinity_key(chat("sys", "q1"))
+    first = key(chat("sys", "q1"))
     assert first.startswith("lead:")
-    assert affinity_key(chat("sys", "q1", "a1", "q2")) == first  # the same conversation
-    assert affinity_key(chat("sys", "other")) != first
-    assert affinity_key(chat("sys", "q1", user="")) == first  # an empty user is no user
+    assert key(chat("sys", "q1", "a1", "q2")) == first  # the same conversation
+    assert key(chat("sys", "other")) != first
+    assert key(chat("sys", "q1", user="")) == first  # an empty user is no user
 
 
 def test_affinity_of_prompts() -> None:
-    assert affinity_key({"prompt": "a" * 2000}) == affinity_key({"prompt": "a" * 1024 + "b"})
-    assert affinity_key({"prompt": "abc"}) != affinity_key({"prompt": "abd"})
+    assert key({"prompt": "a" * 2000}) == key({"prompt": "a" * 1024 + "b"})
+    assert key({"prompt": "abc"}) != key({"prompt": "abd"})
 
 
 # -- token estimates ------------------------------------------------------------------

@@ -9,11 +9,15 @@ import anyio
 import httpx
 import pytest
 
-from proxy.admission import Admission
-from proxy.api.relay import Relay
+from proxy.admission import Admission, Admitted
+from proxy.api.inputs import ChatRequest, StreamWish
+from proxy.api.prompts import PromptCount, PromptCounter
+from proxy.api.relay import Relay, Services, Ticket
 from proxy.clock import VirtualClock
+from proxy.config import EngineConfig
+from proxy.engines import EnginePool
 from proxy.metrics import ProxyMetrics
-from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
+from proxy.scheduler import Job, Scheduler, TrafficClass
 
 from .helpers import completion_events
 
@@ -24,14 +28,21 @@ BACKLOG = 200
 
 def relay_of(body: bytes) -> tuple[Relay, Admission]:
     clock = VirtualClock()
-    scheduler = Scheduler([EngineSettings(name="e", models=frozenset({"m"}))], clock)
+    scheduler = Scheduler([EngineConfig(name="e", models=frozenset({"m"}))], clock)
     admission = Admission(scheduler)
     job = Job(id="j", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=5, arrival=0.0)
     scheduler.submit(job)
-    scheduler.dispatch()
+    (dispatch,) = scheduler.dispatch()
     response = httpx.Response(200, stream=httpx.ByteStream(body))
     metrics = ProxyMetrics(scheduler, ttft_target_s=0.3)
-    return Relay(job, "e", response, admission, metrics, clock, lambda _: None), admission
+    req = ChatRequest(
+        path="/v1/completions", cls=TrafficClass.INTERACTIVE, model="m", messages=None,
+        prompt="p", text="p", wish=StreamWish(True, False), affinity="a", upstream={},
+    )  # fmt: skip
+    pool = EnginePool([], httpx.AsyncClient())
+    services = Services(admission, metrics, clock, PromptCounter(pool, admission.engines_up_for))
+    ticket = Ticket("j", req, 0.0, PromptCount(5, estimated=True))
+    return Relay(ticket, Admitted.of(dispatch), response, services), admission
 
 
 async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() -> None:

@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from proxy.clock import VirtualClock
+from proxy.config import EngineConfig
 from proxy.engines import EngineMonitor, EnginePool
-from proxy.scheduler import EngineLoad, EngineSettings, Scheduler
+from proxy.scheduler import EngineLoad, Scheduler
 
 from .helpers import (
     METRICS_TEXT,
@@ -60,7 +61,7 @@ async def rig() -> AsyncIterator[Rig]:
     health = Health(fake)
     configs = tuple(engine_config(n, models=("tiny",)) for n in NAMES)
     settings = make_settings(*configs, unhealthy_after=3)
-    engines = [EngineSettings(name=n, models=frozenset({"tiny"})) for n in NAMES]
+    engines = [EngineConfig(name=n, models=frozenset({"tiny"})) for n in NAMES]
     scheduler = Scheduler(engines, VirtualClock())
     changes: list[tuple[str, bool]] = []
     async with fake.client(settings) as http:

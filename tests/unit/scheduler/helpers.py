@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.clock import VirtualClock
+from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler import (
-    BudgetSettings,
-    EngineSettings,
     EngineState,
     HeldReason,
     Job,
@@ -26,17 +25,17 @@ B = TrafficClass.BATCH
 _ids = itertools.count()
 
 
-def engine(name: str, *models: str, **overrides: Any) -> EngineSettings:
-    """An engine serving ``models`` (default ``"m"``); ``budget=`` takes BudgetSettings
+def engine(name: str, *models: str, **overrides: Any) -> EngineConfig:
+    """An engine serving ``models`` (default ``"m"``); ``budget=`` takes BudgetConfig
     or a dict of its fields."""
     budget = overrides.pop("budget", {})
     if isinstance(budget, dict):
-        budget = BudgetSettings(**budget)
-    return EngineSettings(name=name, models=frozenset(models or ("m",)), budget=budget, **overrides)
+        budget = BudgetConfig(**budget)
+    return EngineConfig(name=name, models=frozenset(models or ("m",)), budget=budget, **overrides)
 
 
 def make(
-    *engines: EngineSettings, clock: VirtualClock | None = None, **settings: Any
+    *engines: EngineConfig, clock: VirtualClock | None = None, **settings: Any
 ) -> tuple[Scheduler, VirtualClock]:
     clock = clock or VirtualClock()
     return Scheduler(list(engines), clock, SchedulerSettings(**settings)), clock

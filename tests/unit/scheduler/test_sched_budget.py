@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.scheduler import BudgetController, BudgetSettings, EngineLoad
+from proxy.config import BudgetConfig
+from proxy.scheduler import BudgetController, EngineLoad
 from proxy.scheduler.budget import percentile, time_weighted_percentile
 
 from .helpers import B, I, engine, make, submit
 
-SETTINGS = BudgetSettings(
+SETTINGS = BudgetConfig(
     initial_tokens=8000,
     min_tokens=1000,
     max_tokens=10_000,
@@ -32,7 +33,7 @@ SETTINGS = BudgetSettings(
 
 def controller(**overrides: object) -> BudgetController:
     fields = {**SETTINGS.__dict__, **overrides}
-    return BudgetController(BudgetSettings(**fields), 0.0)
+    return BudgetController(BudgetConfig(**fields), 0.0)
 
 
 def ttfts(c: BudgetController, t: float, *values: float) -> None:
@@ -213,7 +214,7 @@ def test_old_samples_leave_the_window() -> None:
 def test_the_budget_moves_only_as_documented(
     events: list[tuple[float, list[float], list[float], bool]], min_tokens: int, span: int
 ) -> None:
-    s = BudgetSettings(
+    s = BudgetConfig(
         initial_tokens=min_tokens + span // 2,
         min_tokens=min_tokens,
         max_tokens=min_tokens + span,
@@ -257,7 +258,7 @@ def test_settings_are_checked() -> None:
         {"ttft_target_s": 0.0},
     ):
         with pytest.raises(ValueError):
-            BudgetSettings(**bad)
+            BudgetConfig(**bad)
 
 
 # -- the loop inside the scheduler -------------------------------------------------

@@ -341,13 +341,3 @@ def test_finished_jobs_leave_and_late_reports_are_ignored() -> None:
     s.on_first_token(chat.id)
     s.on_token_gap(chat.id, 9.0)
     assert chat.phase is Phase.DONE and not s.engines["e"].budget.gaps.values(0.0)
-
-
-def test_a_corrected_prompt_size_counts_from_then_on() -> None:
-    s, _ = make(engine("e", budget=BUDGET))
-    doc = submit(s, B, 100)
-    s.dispatch()
-    s.correct_prompt_tokens(doc.id, 950)
-    later = submit(s, B, 100)
-    assert sent(s) == {}
-    assert later.held is HeldReason.PREFILL_BUDGET

@@ -2,8 +2,8 @@
 
 Random engines (one to three, serving one or both of two models, small concurrency
 caps, random budgets and KV watermarks) and random sequences of arrivals of both
-classes, dispatches, first tokens, token gaps, finishes, failures, cancels, prompt
-corrections, health changes, load scrapes and clock advances. After every event the
+classes, dispatches, first tokens, token gaps, finishes, failures, cancels, health
+changes, load scrapes and clock advances. After every event the
 scheduler's state is checked against the rules in ``proxy/scheduler/core.py``;
 every dispatch is checked against the state just before it.
 """
@@ -21,11 +21,10 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
 from proxy.clock import VirtualClock
+from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler import (
-    BudgetSettings,
     Dispatch,
     EngineLoad,
-    EngineSettings,
     HeldReason,
     Job,
     Phase,
@@ -61,10 +60,10 @@ SHRINK_TIME = pytest.mark.timeout(300)
 
 
 @st.composite
-def budgets(draw: st.DrawFn) -> BudgetSettings:
+def budgets(draw: st.DrawFn) -> BudgetConfig:
     lo = draw(st.sampled_from([1, 100, 500, 2000]))
     hi = draw(st.sampled_from([lo, 2 * lo, 4000, 20_000]))
-    return BudgetSettings(
+    return BudgetConfig(
         initial_tokens=draw(st.sampled_from([lo, (lo + hi) // 2, hi])),
         min_tokens=lo,
         max_tokens=hi,
@@ -80,13 +79,13 @@ def budgets(draw: st.DrawFn) -> BudgetSettings:
 
 
 @st.composite
-def engine_sets(draw: st.DrawFn) -> list[EngineSettings]:
+def engine_sets(draw: st.DrawFn) -> list[EngineConfig]:
     n = draw(st.integers(1, 3))
     out = []
     for k in range(n):
         models = draw(st.sets(st.sampled_from(MODELS), min_size=1))
         out.append(
-            EngineSettings(
+            EngineConfig(
                 name=f"e{k}",
                 models=frozenset(models),
                 max_inflight=draw(st.sampled_from([1, 3, 8])),
@@ -107,7 +106,7 @@ KINDS = (
     + ["finish"] * 3
     + ["advance"] * 3
     + ["fail"] * 2
-    + ["gap", "cancel", "correct", "up", "load"]
+    + ["gap", "cancel", "up", "load"]
 )
 ADVANCES = (0.0, 0.05, 0.3, 1.0, 2.5)
 GAPS = (0.0, 0.01, 0.2, 1.5)
@@ -143,7 +142,6 @@ def decode(x: int, batch_share: float) -> Op:
         "advance": (ADVANCES[d.take(len(ADVANCES))],),
         "gap": (target, GAPS[d.take(len(GAPS))]),
         "fail": (target, d.take(2) == 1),
-        "correct": (target, 1 + d.take(5000)),
         "up": (d.take(3), d.take(3) > 0),
         "load": (d.take(3), LOADS[d.take(len(LOADS))]),
     }
@@ -173,7 +171,7 @@ def op_lists(min_size: int, max_size: int) -> st.SearchStrategy[list[Op]]:
 class Run:
     """A scheduler under test and what the test saw of it."""
 
-    engines: list[EngineSettings]
+    engines: list[EngineConfig]
     clock: VirtualClock = field(default_factory=VirtualClock)
     seen: list[Job] = field(default_factory=list)
     batch_sent: list[str] = field(default_factory=list)
@@ -222,9 +220,6 @@ class Run:
         kind = op[0]
         if kind == "gap" and (j := self.pick(op[1])):
             self.s.on_token_gap(j.id, op[2])
-        elif kind == "correct" and (j := self.pick(op[1], (Phase.QUEUED, Phase.PREFILL))):
-            self.s.correct_prompt_tokens(j.id, op[2])
-            assert j.prompt_tokens == op[2]
         elif kind == "advance":
             self.clock.advance(op[1])
 
@@ -413,7 +408,7 @@ def finish_everything(run: Run) -> None:
 @SHRINK_TIME
 @PROPS
 @given(engines=engine_sets(), ops=op_lists(40, 150))
-def test_every_event_keeps_the_rules(engines: list[EngineSettings], ops: list[Op]) -> None:
+def test_every_event_keeps_the_rules(engines: list[EngineConfig], ops: list[Op]) -> None:
     note(readable(ops))
     run = Run(engines)
     for op in ops:
@@ -432,7 +427,7 @@ def test_every_event_keeps_the_rules(engines: list[EngineSettings], ops: list[Op
 @PROPS
 @given(engines=engine_sets(), ops=op_lists(10, 100))
 def test_batch_drains_once_interactive_load_stops(
-    engines: list[EngineSettings],
+    engines: list[EngineConfig],
     ops: list[Op],
 ) -> None:
     """Whatever happened before, once interactive arrivals stop, engines are healthy
@@ -469,12 +464,12 @@ def test_batch_is_first_come_first_served_on_an_engine(
 ) -> None:
     """Small batch jobs keep arriving and something is always in prefill; a large job
     (even one over the budget) is still dispatched, and never overtaken."""
-    e = EngineSettings(
+    e = EngineConfig(
         name="e",
         models=frozenset({"m"}),
         max_inflight=64,
         batch_max_inflight=64,
-        budget=BudgetSettings(initial_tokens=budget, min_tokens=budget, max_tokens=budget),
+        budget=BudgetConfig(initial_tokens=budget, min_tokens=budget, max_tokens=budget),
     )
     run = Run([e])
     for p in prompts:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from loadtests.sim.profile import load_profile
 from loadtests.sim.settings import scheduler_config
 from loadtests.sim.twin import MixedWorkload, run_direct, run_proxy
-from proxy.scheduler import EngineSettings, TrafficClass, Turn
+from proxy.config import EngineConfig
+from proxy.scheduler import TrafficClass, Turn
 
 WORKLOAD = MixedWorkload(duration_s=60, warmup_s=10, batch_concurrency=64)
 
@@ -19,7 +20,7 @@ WORKLOAD = MixedWorkload(duration_s=60, warmup_s=10, batch_concurrency=64)
 def test_the_proxy_protects_chat_ttft_and_keeps_batch_throughput() -> None:
     profile = load_profile("h100-llama3-8b")
     config = scheduler_config(profile)
-    settings = EngineSettings(name="engine-0", models=frozenset({profile.model}))
+    settings = EngineConfig(name="engine-0", models=frozenset({profile.model}))
 
     direct = run_direct("direct", WORKLOAD, config, profile.step)
     proxied, scheduler = run_proxy("proxy", WORKLOAD, config, profile.step, settings)

@@ -12,17 +12,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.admission import Admission
 from proxy.api.turn import log_body, turn_body
 from proxy.clock import VirtualClock
+from proxy.config import EngineConfig
 from proxy.metrics import ProxyMetrics
 from proxy.scheduler import (
     EngineLoad,
-    EngineSettings,
     HeldReason,
     Job,
     Scheduler,
     TrafficClass,
     Turn,
 )
-from proxy.scheduler.report import sentence
+from proxy.scheduler.turns import sentence
 
 BATCH, CHAT = TrafficClass.BATCH, TrafficClass.INTERACTIVE
 
@@ -48,7 +48,7 @@ def gauge_turns(metrics: ProxyMetrics) -> dict[str, str]:
 class Scenario:
     def __init__(self) -> None:
         self.clock = VirtualClock()
-        engine = EngineSettings(name="e0", models=frozenset({"m"}), batch_max_inflight=8)
+        engine = EngineConfig(name="e0", models=frozenset({"m"}), batch_max_inflight=8)
         self.scheduler = Scheduler([engine], self.clock)
         self.admission = Admission(self.scheduler)
         self.metrics = ProxyMetrics(self.scheduler, 0.3)

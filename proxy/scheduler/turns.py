@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.scheduler.budget import percentile
 from proxy.scheduler.core import Scheduler
-from proxy.scheduler.engine import EngineState
+from proxy.scheduler.state import EngineState
 from proxy.scheduler.types import HeldReason, Phase, TrafficClass, Turn
 
 Json = dict[str, Any]
@@ -28,9 +28,7 @@ REASON_WORDS = {
 
 
 def _queued(scheduler: Scheduler, engine: EngineState, cls: TrafficClass) -> int:
-    return sum(
-        1 for j in scheduler.queues[cls] if engine.serves(j.model) and engine.name not in j.excluded
-    )
+    return sum(1 for j in scheduler.queues[cls] if engine.eligible(j))
 
 
 def _signal(window: list[float], judged: float | None, target: float, aim: float) -> Json:
@@ -78,8 +76,8 @@ def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json
             "waiting": engine.load.waiting,
             "running": engine.load.running,
         },
-        "turn_seconds": {t.value: engine.turn_seconds[t] for t in Turn},
-        "held_seconds": {r.value: engine.held_seconds[r] for r in HeldReason},
+        "turn_seconds": {t.value: s for t, s in engine.turn_seconds_at(now).items()},
+        "held_seconds": {r.value: s for r, s in engine.held_seconds_at(now).items()},
     }
 
 

@@ -8,29 +8,11 @@ last scraped, and from the configured concurrency caps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from proxy.scheduler.budget import BudgetController, BudgetSettings
+from proxy.config import EngineConfig
+from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineSettings:
-    """Per-engine scheduling settings.
-
-    - ``max_inflight``: hard cap on requests the proxy keeps in the engine at once
-      (interactive requests are dispatched at once unless this is reached).
-    - ``batch_max_inflight``: cap on batch requests in the engine.
-    - ``kv_high_watermark``: no batch admission while the engine reports KV-cache
-      usage at or above this fraction.
-    """
-
-    name: str
-    models: frozenset[str]
-    max_inflight: int = 256
-    batch_max_inflight: int = 64
-    kv_high_watermark: float = 0.90
-    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 @dataclass(frozen=True)
@@ -43,7 +25,7 @@ class EngineLoad:
 
 
 class EngineState:
-    def __init__(self, settings: EngineSettings, now: float) -> None:
+    def __init__(self, settings: EngineConfig, now: float) -> None:
         self.settings = settings
         self.name = settings.name
         self.up = True
@@ -59,6 +41,11 @@ class EngineState:
 
     def serves(self, model: str) -> bool:
         return model in self.settings.models
+
+    def eligible(self, job: Job) -> bool:
+        """Whether ``job`` may go to this engine: it serves the model, and the job
+        has not already failed here."""
+        return self.serves(job.model) and self.name not in job.excluded
 
     # -- work in flight --------------------------------------------------------
 
@@ -116,12 +103,28 @@ class EngineState:
 
     def account(self, now: float) -> None:
         """Charge the time since the last call to the current turn and reason."""
-        elapsed = now - self._accounted_at
-        if elapsed > 0:
-            self.turn_seconds[self.turn] += elapsed
-            if self.held_reason is not None:
-                self.held_seconds[self.held_reason] += elapsed
+        elapsed = self._unaccounted(now)
+        self.turn_seconds[self.turn] += elapsed
+        if self.held_reason is not None:
+            self.held_seconds[self.held_reason] += elapsed
         self._accounted_at = max(self._accounted_at, now)
+
+    def _unaccounted(self, now: float) -> float:
+        return max(0.0, now - self._accounted_at)
+
+    def turn_seconds_at(self, now: float) -> dict[Turn, float]:
+        """The time spent in each turn up to ``now``, the current turn running on
+        since the last event (a read: nothing is charged)."""
+        out = dict(self.turn_seconds)
+        out[self.turn] += self._unaccounted(now)
+        return out
+
+    def held_seconds_at(self, now: float) -> dict[HeldReason, float]:
+        """The time batch was held for each reason up to ``now`` (a read)."""
+        out = dict(self.held_seconds)
+        if self.held_reason is not None:
+            out[self.held_reason] += self._unaccounted(now)
+        return out
 
     def set_turn(self, now: float, turn: Turn, reason: HeldReason | None) -> None:
         if turn is not self.turn:

@@ -1,0 +1,155 @@
+"""The composition root: every part of the proxy built from its settings, and their
+lifecycle.
+
+- **startup** (:func:`startup`): one HTTP client for all engines, the engine pool,
+  the models each engine serves (configured, else asked), the scheduler, the
+  admission in front of it, the engine monitor, the metrics, the prompt counter and
+  the forwarder; then one round of health checks and load scrapes, and the
+  background loops.
+- **run**: the engine monitor (health, load scrapes), the tick loop (turn
+  accounting and the budget loops move on when no request does; it may dispatch)
+  and late model discovery for engines that were unreachable at start.
+- **shutdown** (:func:`shutdown`): the loops are cancelled and awaited, then the
+  HTTP client is closed.
+
+Nothing is built at import time; the state lives in one :class:`ProxyState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+
+from proxy.admission import Admission
+from proxy.api.forward import Forwarder
+from proxy.api.prompts import PromptCounter
+from proxy.api.relay import Services
+from proxy.clock import Clock, WallClock
+from proxy.config import EngineConfig, Settings
+from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
+from proxy.metrics import ProxyMetrics
+from proxy.scheduler import Scheduler, SchedulerSettings
+
+logger = logging.getLogger(__name__)
+TICK_S = 0.05
+DISCOVER_S = 1.0
+
+
+@dataclass
+class ProxyState:
+    """The running proxy's parts, built once by :func:`build`."""
+
+    settings: Settings
+    clock: Clock
+    http: httpx.AsyncClient
+    pool: EnginePool
+    scheduler: Scheduler
+    admission: Admission
+    monitor: EngineMonitor
+    metrics: ProxyMetrics
+    counter: PromptCounter
+    forwarder: Forwarder
+    created: int = field(default_factory=lambda: int(time.time()))
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+async def _engines(settings: Settings, pool: EnginePool) -> list[EngineConfig]:
+    """The configured engines, each with the models it serves (asked where not set)."""
+    found = await pool.discover()
+    engines = [
+        dataclasses.replace(c, models=tuple(c.models or found.get(c.name, ())))
+        for c in settings.engines
+    ]
+    for e in engines:
+        logger.info("engine %s serves %s", e.name, sorted(e.models) or "nothing (unreachable?)")
+    return engines
+
+
+async def build(
+    settings: Settings, transport: httpx.AsyncBaseTransport | None, clock: Clock
+) -> ProxyState:
+    """Every part, wired; nothing runs yet. ``transport`` replaces the network (tests)."""
+    http = make_http_client(settings, transport)
+    pool = EnginePool(settings.engines, http)
+    scheduler = Scheduler(
+        await _engines(settings, pool),
+        clock,
+        SchedulerSettings(decision_log_size=settings.decision_log_size),
+    )
+    admission = Admission(scheduler)
+    monitor = EngineMonitor(pool, admission, settings)
+    urls = {c.name: c.url for c in settings.engines}
+    metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
+    counter = PromptCounter(pool, admission.engines_up_for)
+    services = Services(admission, metrics, clock, counter)
+    forwarder = Forwarder(settings, pool, monitor, services)
+    return ProxyState(
+        settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
+    )
+
+
+async def _tick(admission: Admission) -> None:
+    """Keep turn accounting and the budget loops moving when no request does."""
+    while True:
+        await asyncio.sleep(TICK_S)
+        admission.tick()
+
+
+async def _discover_late(state: ProxyState) -> None:
+    """Ask engines that were unreachable at start which models they serve."""
+    while True:
+        await asyncio.sleep(DISCOVER_S)
+        for name in state.admission.engines_without_models():
+            if not state.monitor.up.get(name):
+                continue
+            try:
+                models = await state.pool.client_for(name).models()
+            except UpstreamError as exc:
+                logger.warning("engine %s: model discovery failed: %s", name, exc)
+                continue
+            logger.info("engine %s serves %s", name, models)
+            state.admission.set_engine_models(name, models)
+
+
+async def startup(state: ProxyState) -> None:
+    """One round of health checks and load scrapes, then the background loops."""
+    await state.monitor.check_once()
+    state.tasks = [
+        asyncio.create_task(state.monitor.run(), name="whoseturn-monitor"),
+        asyncio.create_task(_tick(state.admission), name="whoseturn-tick"),
+        asyncio.create_task(_discover_late(state), name="whoseturn-discover"),
+    ]
+
+
+async def shutdown(state: ProxyState) -> None:
+    """Stop the background loops, then close the upstream HTTP client."""
+    for task in state.tasks:
+        task.cancel()
+    for task in state.tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await state.http.aclose()
+
+
+@asynccontextmanager
+async def running(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Clock | None = None,
+) -> AsyncIterator[ProxyState]:
+    """The proxy from startup to shutdown, around the block."""
+    state = await build(settings, transport, clock or WallClock())
+    try:
+        await startup(state)
+        yield state
+    finally:
+        await shutdown(state)
