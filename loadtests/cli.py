@@ -17,12 +17,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from proxy.cli import Parser
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from loadtests.sim.settings import SimSettings
+
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 SIM_HOST = "127.0.0.1"
 SIM_PORT = 8000
@@ -60,7 +64,8 @@ def parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     from loadtests.probe.command import add_probe_parser
 
     parser = Parser(prog="whoseturn")
-    commands = parser.add_subparsers(dest="command", required=True)
+    # add_probe_parser takes ArgumentParser's subparsers; Parser is one.
+    commands = cast("Commands", parser.add_subparsers(dest="command", required=True))
     sim = _add_sim_parser(commands)
     add_probe_parser(commands)
     args = parser.parse_args([command, *argv])
@@ -70,7 +75,7 @@ def parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _add_sim_parser(commands: argparse._SubParsersAction[Parser]) -> Parser:
+def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
     from loadtests.probe.calibrate.command import add_arguments as add_calibrate_arguments
 
     sim = commands.add_parser(

@@ -85,7 +85,9 @@ def build_parser() -> Parser:
         "turn it is. Also: python -m proxy.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=LOG_LEVELS, help="logging level"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve_parser(commands)
     turn = commands.add_parser(
@@ -118,8 +120,10 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="an engine's base URL (repeat for several)",
     )
     serve.add_argument("--config", default=None, metavar="FILE", help="YAML settings file")
-    serve.add_argument("--host", default=None, help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default: 8080)")
+    serve.add_argument(
+        "--host", default=None, metavar="ADDRESS", help="address to listen on (default: 127.0.0.1)"
+    )
+    serve.add_argument("--port", type=int, default=None, metavar="N", help="port (default: 8080)")
     serve.add_argument(
         "--ttft-target",
         type=float,
