@@ -270,3 +270,26 @@ def test_the_example_file_is_valid_and_names_every_setting() -> None:
     for line in path.read_text().splitlines():
         if re.match(r"\s*-?\s*\w+:", line):
             assert "#" in line, f"setting without a comment: {line!r}"
+
+
+# --- the README's hand-run commands agree with its advice and with `make sim` -------------
+
+
+def sim_command_line(text: str) -> list[str]:
+    """The arguments after ``whoseturn sim`` on the first line of ``text`` that runs it."""
+    line = next(line for line in text.splitlines() if re.search(r"whoseturn sim --", line))
+    return line.split("whoseturn sim", 1)[1].split("#")[0].split()
+
+
+def test_the_readme_and_make_sim_run_the_engine_the_examples_use() -> None:
+    readme = (ROOT / "README.md").read_text()
+    make = (ROOT / "Makefile").read_text()
+    by_hand = bench.sim_settings(bench.parse("sim", sim_command_line(readme)))
+    make_sim = make.split("\nsim:", 1)[1]
+    assert bench.sim_settings(bench.parse("sim", sim_command_line(make_sim))) == by_hand
+    assert by_hand.port == 8000
+    models = set(re.findall(r'"model": "([^"]+)"|model="([^"]+)"', readme))
+    assert {m for pair in models for m in pair if m} == {by_hand.served_model_name}
+    threshold = by_hand.scheduler.long_prefill_token_threshold
+    assert f"--long-prefill-token-threshold {threshold}" in readme
+    assert f"{threshold} for the tiny" in readme
