@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:
 	@echo "make interference  print the chat-behind-batch table from the simulated engine"
 	@echo "make evaluate      chat beside a batch job, direct vs through the proxy (virtual time)"
-	@echo "make sim           run the simulated vLLM engine on :8000 (whoseturn sim)"
+	@echo "make sim           run the simulated vLLM engine on :8000, model tiny (whoseturn sim)"
 	@echo "make test          bootstrap .venv (and Debian's prometheus, chromium) and run the tests"
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
@@ -84,8 +84,9 @@ interference: $(STAMP)
 evaluate: $(STAMP)
 	$(BIN)/whoseturn sim evaluate
 
+# The README's examples: model `tiny`, and the engine flag it recommends beside the proxy.
 sim: $(STAMP)
-	$(BIN)/whoseturn sim --port 8000
+	$(BIN)/whoseturn sim --profile cpu-tiny --port 8000 --long-prefill-token-threshold 256
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

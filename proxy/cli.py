@@ -1,94 +1,117 @@
-"""The ``whoseturn`` command line."""
+"""The whoseturn command line: ``serve`` and ``turn`` here, the bench's commands
+(``sim``, ``probe``) in ``loadtests.cli``, imported only when one of them runs.
+
+:func:`main` takes the arguments (default ``sys.argv[1:]``) and returns the exit
+status. ``whoseturn serve`` logs at start where its settings came from and where it
+answers; :func:`serve` takes the environment, the working directory and the server
+runner as arguments, so tests pass their own.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from loadtests.probe.calibrate.command import add_arguments as add_calibrate_arguments
-from loadtests.probe.calibrate.command import run as run_calibrate
-from loadtests.probe.command import add_probe_parser, run_probe_command
-from loadtests.sim.profile import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_profile
-from loadtests.sim.settings import SimSettings, scheduler_config
+from proxy.config import DEFAULT_CONFIG_FILE
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
+
+_log = logging.getLogger(__name__)
+
+ENV_VARS = (
+    "WHOSETURN_CONFIG",
+    "WHOSETURN_ENGINES",
+    "WHOSETURN_HOST",
+    "WHOSETURN_PORT",
+    "WHOSETURN_TTFT_TARGET_S",
+    "WHOSETURN_GAP_TARGET_S",
+)
+"""The environment variables the proxy's settings read (``proxy.config``)."""
+
+BENCH_COMMANDS = {
+    "sim": "run the simulated vLLM-compatible engine, or its tables in virtual time "
+    "(interference, evaluate) or its calibration against an engine (calibrate)",
+    "probe": "tell from outside whether an engine interleaves prefill with decode",
+}
+"""The test bench's commands, run by ``loadtests.cli``."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+SERVE_EPILOG = f"""Settings come from a YAML file, then the environment, then these flags.
+The file is --config FILE, else $WHOSETURN_CONFIG, else {DEFAULT_CONFIG_FILE} in the
+working directory if there is one (whoseturn.example.yaml in the repository shows
+every setting). Environment: {", ".join(ENV_VARS)} (WHOSETURN_ENGINES: comma-separated
+URLs). --engine replaces the engine list of the file and the environment."""
 
 
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's own flag names, so a command line moves between the two unchanged."""
-    p.add_argument(
-        "--profile",
-        default=DEFAULT_PROFILE,
-        help=f"cost profile: a YAML file or one of {builtin_profiles()}",
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default (unless it has none to show) and plain text:
+    no reStructuredText or Markdown backticks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return super()._expand_help(action).replace("`", "")
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(text.replace("`", ""))
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose help (and its subcommands' help) uses
+    :class:`HelpFormatter`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> Parser:
+    """The ``whoseturn`` parser. ``sim`` and ``probe`` only collect their arguments
+    here; ``loadtests.cli`` parses them."""
+    parser = Parser(
+        prog="whoseturn",
+        description="A scheduling-aware reverse proxy for LLM serving that says whose "
+        "turn it is. Also: python -m proxy.",
     )
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        help="token budget per step (default: the profile's)",
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=LOG_LEVELS, help="logging level"
     )
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="KV-cache capacity in blocks (default: the profile's)",
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve_parser(commands)
+    turn = commands.add_parser(
+        "turn",
+        help="print whose turn it is, one sentence per engine",
+        description="Ask a running proxy's /turn whose turn it is on each engine, and why.",
     )
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    turn.add_argument("--proxy", default="http://127.0.0.1:8080", help="the proxy's base URL")
+    for name, text in BENCH_COMMANDS.items():
+        # Everything after the command goes to loadtests.cli untouched, options
+        # included: no prefix character of this parser matches them.
+        bench = commands.add_parser(name, help=text, add_help=False, prefix_chars="\0")
+        bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="...")
+    return parser
 
 
-def _sim_settings(args: argparse.Namespace) -> SimSettings:
-    profile = load_profile(args.profile)
-    config = scheduler_config(
-        profile,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        scheduling_policy=args.scheduling_policy,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks_override,
-        enable_prefix_caching=args.enable_prefix_caching,
+def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy in front of engines",
+        description="Run the proxy: OpenAI-compatible chat on /v1, batch work on "
+        "/batch/v1, whose turn it is on /turn and /status, metrics on /metrics.",
+        epilog=SERVE_EPILOG,
     )
-    return SimSettings(
-        profile=profile,
-        scheduler=config,
-        served_model_name=args.served_model_name or profile.model,
-        host=args.host,
-        port=args.port,
-        time_scale=args.time_scale,
-    )
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="whoseturn", description=__doc__)
-    parser.add_argument("--log-level", default="info")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    sim = commands.add_parser("sim", help="run the simulated vLLM-compatible engine")
-    sim_commands = sim.add_subparsers(dest="sim_command")
-    _add_engine_flags(sim)
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=8000)
-    sim.add_argument(
-        "--served-model-name",
-        default=None,
-        help="model name clients use (default: the profile's model)",
-    )
-    sim.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="run model time this many times faster than wall time",
-    )
-
-    serve = commands.add_parser("serve", help="run the proxy in front of engines")
     serve.add_argument(
         "--engine",
         action="append",
@@ -96,83 +119,136 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="an engine's base URL (repeat for several)",
     )
-    serve.add_argument("--config", default=None, help="YAML settings file")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--config", default=None, metavar="FILE", help="YAML settings file")
+    serve.add_argument(
+        "--host", default=None, metavar="ADDRESS", help="address to listen on (default: 127.0.0.1)"
+    )
+    serve.add_argument("--port", type=int, default=None, metavar="N", help="port (default: 8080)")
     serve.add_argument(
         "--ttft-target",
         type=float,
         default=None,
         dest="ttft_target_s",
-        help="interactive TTFT target in seconds (default 0.3)",
+        metavar="SECONDS",
+        help="interactive time-to-first-token target (default: 0.3)",
     )
     serve.add_argument(
         "--gap-target",
         type=float,
         default=None,
         dest="gap_target_s",
-        help="interactive inter-token gap target in seconds (default 0.1)",
+        metavar="SECONDS",
+        help="interactive inter-token gap target (default: 0.1)",
     )
-
-    turn = commands.add_parser("turn", help="print whose turn it is, one sentence per engine")
-    turn.add_argument("--proxy", default="http://127.0.0.1:8080", help="the proxy's base URL")
-    add_probe_parser(commands)
-
-    inter = sim_commands.add_parser(
-        "interference",
-        help="print the chat-behind-batch interference table, in virtual time",
-    )
-    _add_engine_flags(inter)
-    evaluate = sim_commands.add_parser(
-        "evaluate",
-        help="chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
-    )
-    _add_engine_flags(evaluate)
-    evaluate.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
-    evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
-    evaluate.add_argument("--batch-concurrency", type=int, default=128)
-    evaluate.add_argument("--seed", type=int, default=0)
-    calibrate = sim_commands.add_parser(
-        "calibrate", help="measure a real engine over HTTP and fit a simulator profile"
-    )
-    add_calibrate_arguments(calibrate)
-    inter.add_argument("--batch-prompts", type=int, default=64)
-    inter.add_argument("--batch-prompt-tokens", type=int, default=8000)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+    """Run ``whoseturn ARGV...``; the exit status."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # httpx logs every upstream call at info; keep those for debugging only.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    if args.command in BENCH_COMMANDS:
+        from loadtests.cli import main as bench_main
+
+        return bench_main(args.command, args.bench_args)
+    if args.command == "turn":
+        return _turn(args.proxy)
     try:
-        if args.command == "sim" and args.sim_command == "interference":
-            from loadtests.sim.interference import run_interference
-
-            return run_interference(_sim_settings_for_table(args), args)
-        if args.command == "sim" and args.sim_command == "calibrate":
-            return run_calibrate(args)
-        if args.command == "sim" and args.sim_command == "evaluate":
-            return _evaluate(_sim_settings_for_table(args), args)
-        if args.command == "sim":
-            from loadtests.sim.server import serve
-
-            return serve(_sim_settings(args))
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "turn":
-            return _turn(args.proxy)
-        if args.command == "probe":
-            return run_probe_command(args)
-    except (ProfileError, ValueError) as exc:
+        return serve(args)
+    except ValueError as exc:  # ConfigError names the bad key
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+
+
+def serve(
+    args: argparse.Namespace,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    run: Callable[..., Any] | None = None,
+) -> int:
+    """``whoseturn serve``: load the settings, log where they came from, run the app.
+
+    ``run(app, host=, port=, log_level=)`` serves the app (default ``uvicorn.run``).
+    """
+    from proxy.api.app import create_app
+    from proxy.config import load_settings
+
+    env = os.environ if env is None else env
+    cwd = Path.cwd() if cwd is None else cwd
+    file = settings_file(args.config, env, cwd)
+    overrides = {
+        "engines": [{"url": u} for u in args.engine] if args.engine else None,
+        "host": args.host,
+        "port": args.port,
+        "ttft_target_s": args.ttft_target_s,
+        "gap_target_s": args.gap_target_s,
+    }
+    settings = load_settings(str(file) if file else None, overrides, env=env, cwd=cwd)
+    log_sources(file, env, engines_given=bool(args.engine), cwd=cwd)
+    app = create_app(settings)
+    log_addresses(settings)
+    if run is None:
+        import uvicorn
+
+        run = uvicorn.run
+    run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    return 0
+
+
+def settings_file(config: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
+    """The settings file the proxy reads: ``--config``, else ``$WHOSETURN_CONFIG``,
+    else ``whoseturn.yaml`` in ``cwd`` if it exists, else None."""
+    name = config or env.get("WHOSETURN_CONFIG")
+    if name:
+        return Path(name)
+    default = cwd / DEFAULT_CONFIG_FILE
+    return default if default.exists() else None
+
+
+def log_sources(
+    file: Path | None, env: Mapping[str, str], *, engines_given: bool, cwd: Path
+) -> None:
+    """Log, at info, where the settings came from: the file or none, the environment
+    variables read (names only: values may be keys), what ``--engine`` replaced."""
+    if file is not None:
+        _log.info("settings file: %s", file)
+    else:
+        _log.info(
+            "settings file: none (no --config, no $WHOSETURN_CONFIG, no %s in %s)",
+            DEFAULT_CONFIG_FILE,
+            cwd,
+        )
+    used = [name for name in ENV_VARS if name in env]
+    _log.info("settings from the environment: %s", ", ".join(used) or "none")
+    if not engines_given:
+        return
+    replaced = [f"${name}" for name in ("WHOSETURN_ENGINES",) if env.get(name)]
+    if file is not None and _has_engines(file):
+        replaced.insert(0, f"the engine list of {file}")
+    if replaced:
+        _log.info("--engine replaces %s", " and ".join(replaced))
+
+
+def _has_engines(file: Path) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and bool(data.get("engines"))
+
+
+def log_addresses(settings: Settings) -> None:
+    """Log, at info, the URLs of the API and of the status page."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    base = f"http://{host}:{settings.port}"
+    _log.info("OpenAI API: %s/v1 (batch class: %s/batch/v1)", base, base)
+    _log.info("status page: %s/status", base)
 
 
 def _turn(proxy: str) -> int:
@@ -188,53 +264,8 @@ def _turn(proxy: str) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from proxy.api.app import create_app
-    from proxy.config import load_settings
-
-    overrides = {
-        "engines": [{"url": u} for u in args.engine] if args.engine else None,
-        "host": args.host,
-        "port": args.port,
-        "ttft_target_s": args.ttft_target_s,
-        "gap_target_s": args.gap_target_s,
-    }
-    settings = load_settings(args.config, overrides)
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
-    return 0
-
-
-def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
-    from loadtests.sim import twin
-
-    workload = twin.MixedWorkload(
-        duration_s=args.duration,
-        chat_rate_per_s=args.chat_rate,
-        batch_concurrency=args.batch_concurrency,
-        seed=args.seed,
-    )
-    print(
-        f"Profile `{settings.profile.name}`, virtual time, {workload.duration_s:.0f} s "
-        f"(first {workload.warmup_s:.0f} s not counted): Poisson chat at "
-        f"{workload.chat_rate_per_s}/s (prompts {workload.chat_prompt_tokens[0]}-"
-        f"{workload.chat_prompt_tokens[1]} tokens, answers {workload.chat_answer_tokens[0]}-"
-        f"{workload.chat_answer_tokens[1]}) beside a batch job keeping "
-        f"{workload.batch_concurrency} documents of {workload.batch_doc_tokens:,} tokens "
-        f"({workload.batch_answer_tokens} answer tokens) submitted.\n"
-    )
-    results = twin.evaluation_arms(
-        workload, settings.scheduler, settings.profile.step, settings.served_model_name
-    )
-    print(twin.evaluation_table(results))
-    print()
-    print("\n".join(twin.verdict(results, ttft_target_s=0.3)))
-    return 0
-
-
-def _sim_settings_for_table(args: argparse.Namespace) -> SimSettings:
-    args.served_model_name = None
-    args.host, args.port, args.time_scale = "127.0.0.1", 0, 1.0
-    return _sim_settings(args)
+def _version() -> str:
+    try:
+        return metadata.version("whoseturn")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"

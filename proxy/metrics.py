@@ -1,4 +1,4 @@
-"""The proxy's Prometheus metrics: the contract of DESIGN.md, ``whoseturn_`` only.
+"""The proxy's Prometheus metrics: the contract of docs/design.md, ``whoseturn_`` only.
 
 Request-path numbers (latencies, counts, tokens) are recorded as they happen.
 Scheduler state (turn, budget, work in flight, queues, engine health) is read from

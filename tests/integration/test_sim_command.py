@@ -1,4 +1,5 @@
-"""``whoseturn sim`` serves the simulated engine and stops cleanly on Ctrl-C."""
+"""``whoseturn sim`` serves the simulated engine and stops cleanly on Ctrl-C; flags given
+before a subcommand reach it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 
 import httpx
 import pytest
+
+from proxy.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -48,3 +51,12 @@ def test_sim_command_serves_until_interrupted() -> None:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=15)
     assert process.returncode == 0, output.decode()
+
+
+def test_flags_before_a_subcommand_reach_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``whoseturn sim --profile cpu-tiny interference`` runs cpu-tiny, not the default."""
+    argv = ["--log-level", "warning", "sim", "--profile", "cpu-tiny"]
+    argv += ["--max-num-batched-tokens", "512", "interference"]
+    assert main([*argv, "--batch-prompts", "2", "--batch-prompt-tokens", "1000"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("Profile `cpu-tiny`, virtual time; engine: 512-token steps")

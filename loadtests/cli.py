@@ -1,0 +1,264 @@
+"""The test bench's commands: ``whoseturn sim`` (with ``interference``, ``evaluate`` and
+``calibrate``) and ``whoseturn probe``.
+
+``proxy.cli`` hands the rest of the command line here only when one of these commands
+runs, so ``whoseturn serve`` never loads the bench. :func:`main` takes the command's
+name and its arguments and returns the exit status.
+
+Flags given to ``sim`` before a subcommand count: engine flags are honoured by
+``interference`` and ``evaluate`` (a copy given after the subcommand wins), and a flag
+the subcommand has no use for is refused rather than dropped. So every ``sim`` flag
+defaults to None here, meaning "not given", and the defaults are applied in one place
+(:func:`sim_settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from proxy.cli import Parser
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from loadtests.sim.settings import SimSettings
+
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+SIM_HOST = "127.0.0.1"
+SIM_PORT = 8000
+SIM_TIME_SCALE = 1.0
+
+ENGINE_FLAGS = (
+    "profile",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+    "scheduling_policy",
+    "block_size",
+    "num_gpu_blocks_override",
+    "enable_prefix_caching",
+)
+SERVING_FLAGS = ("host", "port", "served_model_name", "time_scale")
+
+
+def main(command: str, argv: Sequence[str]) -> int:
+    """Run ``whoseturn COMMAND ARGV...`` for ``sim`` or ``probe``; the exit status."""
+    from loadtests.sim.profile import ProfileError
+
+    args = parse(command, argv)
+    try:
+        return _run(args)
+    except (ProfileError, ValueError) as exc:
+        print(f"whoseturn: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
+    """The namespace of ``whoseturn COMMAND ARGV...``; exits 2 on a refused flag."""
+    from loadtests.probe.command import add_probe_parser
+
+    parser = Parser(prog="whoseturn")
+    # add_probe_parser takes ArgumentParser's subparsers; Parser is one.
+    commands = cast("Commands", parser.add_subparsers(dest="command", required=True))
+    sim = _add_sim_parser(commands)
+    add_probe_parser(commands)
+    args = parser.parse_args([command, *argv])
+    problem = _misplaced(args)
+    if problem:
+        sim.error(problem)
+    return args
+
+
+def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
+    from loadtests.probe.calibrate.command import add_arguments as add_calibrate_arguments
+
+    sim = commands.add_parser(
+        "sim",
+        help="run the simulated vLLM-compatible engine",
+        description="Serve a model of vLLM's V1 scheduler over vLLM's HTTP API "
+        "(/health answers 200 when ready), or, with a subcommand, run it in virtual time.",
+    )
+    _add_engine_flags(sim, suppress=False)
+    sim.add_argument(
+        "--host",
+        default=None,
+        metavar="ADDRESS",
+        help=f"address to listen on (default: {SIM_HOST})",
+    )
+    sim.add_argument(
+        "--port", type=int, default=None, metavar="N", help=f"port (default: {SIM_PORT})"
+    )
+    sim.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="model name clients use (default: the profile's model)",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help=f"run model time this many times faster than wall time (default: {SIM_TIME_SCALE})",
+    )
+    subcommands = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    inter = subcommands.add_parser(
+        "interference",
+        help="print the chat-behind-batch interference table, in virtual time",
+    )
+    _add_engine_flags(inter, suppress=True)
+    inter.add_argument("--batch-prompts", type=int, default=64, help="batch prompts queued")
+    inter.add_argument("--batch-prompt-tokens", type=int, default=8000, help="tokens each")
+    evaluate = subcommands.add_parser(
+        "evaluate",
+        help="chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
+    )
+    _add_engine_flags(evaluate, suppress=True)
+    evaluate.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
+    evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
+    evaluate.add_argument("--batch-concurrency", type=int, default=128, help="documents kept")
+    evaluate.add_argument("--seed", type=int, default=0, help="workload random seed")
+    calibrate = subcommands.add_parser(
+        "calibrate", help="measure a real engine over HTTP and fit a simulator profile"
+    )
+    add_calibrate_arguments(calibrate)
+    # The engine's step budget may be given before `calibrate` as well as after it:
+    # not given after it, it leaves what `sim` was given.
+    for action in calibrate._actions:
+        if action.dest == "max_num_batched_tokens":
+            action.default = argparse.SUPPRESS
+    return sim
+
+
+def _add_engine_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """vLLM's own flag names, so a command line moves between the two unchanged.
+
+    With ``suppress`` a flag not given leaves what ``sim`` itself was given.
+    """
+    from loadtests.sim.profile import DEFAULT_PROFILE, builtin_profiles
+
+    unset: Any = argparse.SUPPRESS if suppress else None
+    profiles = ", ".join(builtin_profiles())
+    count: dict[str, Any] = {"type": int, "metavar": "N"}
+    switch: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+    profile_help = f"cost profile: a YAML file or one of {profiles} (default: {DEFAULT_PROFILE})"
+    flags: list[tuple[str, dict[str, Any], str]] = [
+        ("--profile", {"metavar": "NAME|FILE"}, profile_help),
+        ("--max-num-batched-tokens", count, "token budget per step (default: the profile's)"),
+        ("--max-num-seqs", count, "sequences per step (default: the profile's)"),
+        ("--max-model-len", count, "context length (default: the profile's)"),
+        ("--enable-chunked-prefill", switch, "split long prefills over steps (default: on)"),
+        ("--long-prefill-token-threshold", count, "cap on one prefill's tokens per step, "
+         "0 for none (default: 0)"),
+        ("--scheduling-policy", {"choices": ["fcfs", "priority"]},
+         "order of waiting requests (default: fcfs)"),
+        ("--block-size", count, "KV-cache block size in tokens (default: the profile's)"),
+        ("--num-gpu-blocks-override", count, "KV-cache blocks (default: the profile's)"),
+        ("--enable-prefix-caching", switch, "reuse the KV cache of repeated prefixes "
+         "(default: on)"),
+    ]  # fmt: skip
+    for flag, kind, text in flags:
+        p.add_argument(flag, default=unset, help=text, **kind)
+
+
+def _misplaced(args: argparse.Namespace) -> str | None:
+    """Why the flags given to ``sim`` before its subcommand cannot be honoured, if so."""
+    if args.command != "sim" or args.sim_command is None:
+        return None
+    refused = [name for name in SERVING_FLAGS if getattr(args, name) is not None]
+    if args.sim_command == "calibrate":
+        refused += [name for name in ENGINE_FLAGS if name != "max_num_batched_tokens"]
+        refused = [name for name in refused if getattr(args, name, None) is not None]
+    if not refused:
+        return None
+    flags = ", ".join("--" + name.replace("_", "-") for name in refused)
+    if args.sim_command == "calibrate":
+        why = "it measures the engine at --engine and runs no simulator"
+    else:
+        why = "it runs the engine model in virtual time and serves nothing"
+    return f"{flags}: not used by sim {args.sim_command} ({why})"
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "probe":
+        from loadtests.probe.command import run_probe_command
+
+        return run_probe_command(args)
+    if args.sim_command == "interference":
+        from loadtests.sim.interference import run_interference
+
+        return run_interference(sim_settings(args), args)
+    if args.sim_command == "evaluate":
+        return _evaluate(sim_settings(args), args)
+    if args.sim_command == "calibrate":
+        from loadtests.probe.calibrate.command import run as run_calibrate
+
+        return run_calibrate(args)
+    from loadtests.sim.server import serve
+
+    return serve(sim_settings(args))
+
+
+def sim_settings(args: argparse.Namespace) -> SimSettings:
+    """The simulated engine's settings from ``sim``'s flags, defaults for those not given."""
+    from loadtests.sim.profile import DEFAULT_PROFILE, load_profile
+    from loadtests.sim.settings import SimSettings, scheduler_config
+
+    def given(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    profile = load_profile(given("profile", DEFAULT_PROFILE))
+    config = scheduler_config(
+        profile,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=given("enable_chunked_prefill", True),
+        long_prefill_token_threshold=given("long_prefill_token_threshold", 0),
+        scheduling_policy=given("scheduling_policy", "fcfs"),
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        enable_prefix_caching=given("enable_prefix_caching", True),
+    )
+    return SimSettings(
+        profile=profile,
+        scheduler=config,
+        served_model_name=given("served_model_name", profile.model),
+        host=given("host", SIM_HOST),
+        port=given("port", SIM_PORT if args.sim_command is None else 0),
+        time_scale=given("time_scale", SIM_TIME_SCALE),
+    )
+
+
+def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
+    from loadtests.sim import twin
+
+    workload = twin.MixedWorkload(
+        duration_s=args.duration,
+        chat_rate_per_s=args.chat_rate,
+        batch_concurrency=args.batch_concurrency,
+        seed=args.seed,
+    )
+    print(
+        f"Profile `{settings.profile.name}`, virtual time, {workload.duration_s:.0f} s "
+        f"(first {workload.warmup_s:.0f} s not counted): Poisson chat at "
+        f"{workload.chat_rate_per_s}/s (prompts {workload.chat_prompt_tokens[0]}-"
+        f"{workload.chat_prompt_tokens[1]} tokens, answers {workload.chat_answer_tokens[0]}-"
+        f"{workload.chat_answer_tokens[1]}) beside a batch job keeping "
+        f"{workload.batch_concurrency} documents of {workload.batch_doc_tokens:,} tokens "
+        f"({workload.batch_answer_tokens} answer tokens) submitted.\n"
+    )
+    results = twin.evaluation_arms(
+        workload, settings.scheduler, settings.profile.step, settings.served_model_name
+    )
+    print(twin.evaluation_table(results))
+    print()
+    print("\n".join(twin.verdict(results, ttft_target_s=0.3)))
+    return 0

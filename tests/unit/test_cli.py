@@ -1,0 +1,295 @@
+"""The command line does what it says: the serve path loads no bench module, flags
+given before a ``sim`` subcommand are honoured or refused, help shows defaults in
+plain text, and ``whoseturn serve`` logs where its settings came from."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from loadtests import cli as bench
+from proxy import cli
+from proxy.config import DEFAULT_CONFIG_FILE, EngineConfig, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SERVE_PATH = """
+import sys
+import proxy.cli
+from proxy.api.app import create_app
+from proxy.config import settings_from_dict
+try:
+    proxy.cli.build_parser().parse_args(["serve", "--help"])
+except SystemExit:
+    pass
+create_app(settings_from_dict({"engines": ["http://127.0.0.1:8000"]}))
+print(sorted(m for m in sys.modules if m == "loadtests" or m.startswith("loadtests.")))
+"""
+
+
+def test_serve_path_loads_no_bench_module() -> None:
+    # A fresh interpreter, so this test process's own imports do not count.
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_PATH], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+HELP_PAGES = [
+    [],
+    ["serve"],
+    ["turn"],
+    ["sim"],
+    ["sim", "interference"],
+    ["sim", "evaluate"],
+    ["sim", "calibrate"],
+    ["probe"],
+]
+
+
+@pytest.mark.parametrize("command", HELP_PAGES, ids=lambda c: " ".join(c) or "whoseturn")
+def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of([*command, "--help"], capsys)
+    assert "usage: whoseturn" in text
+    assert "`" not in text
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ([], "(default: info)"),
+        (["turn"], "(default: http://127.0.0.1:8080)"),
+        (["serve"], "port (default: 8080)"),
+        (["sim"], "(default: 8000)"),
+        (["sim", "evaluate"], "virtual seconds (default: 600.0)"),
+        (["sim", "interference"], "(default: 64)"),
+        (["probe"], "measurements per size (default: 3)"),
+    ],
+)
+def test_help_shows_defaults(
+    command: list[str], shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = " ".join(help_of([*command, "--help"], capsys).split())
+    assert shown in text
+
+
+def test_serve_help_names_the_file_and_every_environment_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = "".join(help_of(["serve", "--help"], capsys).split())
+    assert DEFAULT_CONFIG_FILE in text
+    read = set(re.findall(r"WHOSETURN_[A-Z_]*[A-Z]", (ROOT / "proxy" / "config.py").read_text()))
+    assert read, "proxy/config.py names no environment variable"
+    assert read == set(cli.ENV_VARS)
+    for name in read:
+        assert name in text
+
+
+def test_version_comes_from_the_distribution(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of(["--version"], capsys)
+    assert text.strip() == f"whoseturn {metadata.version('whoseturn')}"
+
+
+# --- sim: flags before a subcommand ---------------------------------------------------
+
+
+@pytest.mark.parametrize("table", ["interference", "evaluate"])
+def test_engine_flags_before_a_table_subcommand_are_honoured(table: str) -> None:
+    args = bench.parse("sim", ["--profile", "cpu-tiny", "--max-num-seqs", "7", table])
+    settings = bench.sim_settings(args)
+    assert settings.profile.name == "cpu-tiny"
+    assert settings.scheduler.max_num_seqs == 7
+
+
+def test_a_flag_after_the_subcommand_wins() -> None:
+    argv = ["--profile", "h100-llama3-8b", "interference", "--profile", "cpu-tiny"]
+    assert bench.sim_settings(bench.parse("sim", argv)).profile.name == "cpu-tiny"
+
+
+def test_sim_defaults_when_no_flag_is_given() -> None:
+    serving = bench.sim_settings(bench.parse("sim", []))
+    assert (serving.host, serving.port, serving.time_scale) == ("127.0.0.1", 8000, 1.0)
+    assert serving.profile.name == "h100-llama3-8b"
+    assert serving.scheduler.enable_chunked_prefill
+    table = bench.sim_settings(bench.parse("sim", ["interference"]))
+    assert table.port == 0
+    assert table.served_model_name == table.profile.model
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--port", "9000", "interference"], "--port"),
+        (["--time-scale", "5", "--host", "0.0.0.0", "evaluate"], "--host, --time-scale"),
+        (["--served-model-name", "tiny", "evaluate"], "--served-model-name"),
+        (["--profile", "cpu-tiny", "calibrate", "--engine", "http://e"], "--profile"),
+        (["--no-enable-chunked-prefill", "calibrate", "--engine", "http://e"], "--enable-"),
+    ],
+)
+def test_flags_a_subcommand_cannot_use_are_refused(
+    argv: list[str], refused: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse("sim", argv)
+    assert exit_.value.code == 2
+    assert f"error: {refused}" in capsys.readouterr().err
+
+
+def test_the_step_budget_before_calibrate_is_the_measured_engines() -> None:
+    before = bench.parse("sim", ["--max-num-batched-tokens", "512", "calibrate", "--engine", "u"])
+    assert before.max_num_batched_tokens == 512
+    after = bench.parse("sim", ["calibrate", "--engine", "u", "--max-num-batched-tokens", "256"])
+    assert after.max_num_batched_tokens == 256
+    assert bench.parse("sim", ["calibrate", "--engine", "u"]).max_num_batched_tokens is None
+
+
+def test_bench_commands_take_their_arguments_untouched() -> None:
+    args = cli.build_parser().parse_args(["--log-level", "WARNING", "sim", "--port", "1", "-h"])
+    assert (args.command, args.log_level, args.bench_args) == (
+        "sim",
+        "warning",
+        ["--port", "1", "-h"],
+    )
+
+
+# --- serve: where the settings came from ------------------------------------------------
+
+
+class Runner:
+    """Stands in for ``uvicorn.run``: records what it was asked to serve."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, app: object, **kwargs: Any) -> None:
+        self.calls.append(kwargs)
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", *argv])
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    for record in caplog.records:
+        if record.name == cli.__name__:
+            assert isinstance(record.msg, str) and "%s" in record.msg  # %-style, not f-strings
+    return [r.getMessage() for r in caplog.records if r.name == cli.__name__]
+
+
+def test_serve_logs_the_file_the_environment_and_what_engine_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / DEFAULT_CONFIG_FILE).write_text("port: 8123\nengines: [http://file-engine:1]\n")
+    env = {"WHOSETURN_TTFT_TARGET_S": "0.25", "WHOSETURN_ENGINES": "http://secret-engine:2"}
+    run = Runner()
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        code = cli.serve(
+            serve_args("--engine", "http://127.0.0.1:8000"), env=env, cwd=tmp_path, run=run
+        )
+    assert code == 0
+    assert run.calls == [{"host": "127.0.0.1", "port": 8123, "log_level": "info"}]
+    said = messages(caplog)
+    file = tmp_path / DEFAULT_CONFIG_FILE
+    assert f"settings file: {file}" in said
+    assert "settings from the environment: WHOSETURN_ENGINES, WHOSETURN_TTFT_TARGET_S" in said
+    assert f"--engine replaces the engine list of {file} and $WHOSETURN_ENGINES" in said
+    assert (
+        "OpenAI API: http://127.0.0.1:8123/v1 (batch class: http://127.0.0.1:8123/batch/v1)" in said
+    )
+    assert "status page: http://127.0.0.1:8123/status" in said
+    assert "secret-engine" not in caplog.text and "0.25" not in caplog.text
+
+
+def test_serve_says_when_no_file_was_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        cli.serve(
+            serve_args("--engine", "http://e:1", "--port", "9001"),
+            env={},
+            cwd=tmp_path,
+            run=Runner(),
+        )
+    said = messages(caplog)
+    looked = f"no --config, no $WHOSETURN_CONFIG, no {DEFAULT_CONFIG_FILE} in {tmp_path}"
+    assert f"settings file: none ({looked})" in said
+    assert "settings from the environment: none" in said
+    assert not any(m.startswith("--engine replaces") for m in said)
+    assert "status page: http://127.0.0.1:9001/status" in said
+
+
+def test_serve_reads_the_file_the_environment_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    named = tmp_path / "elsewhere.yaml"
+    named.write_text("host: 0.0.0.0\nengines: [http://e:1]\n")
+    (tmp_path / DEFAULT_CONFIG_FILE).write_text("port: 1\n")
+    run = Runner()
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        cli.serve(serve_args(), env={"WHOSETURN_CONFIG": str(named)}, cwd=tmp_path, run=run)
+    assert run.calls[0]["host"] == "0.0.0.0" and run.calls[0]["port"] == 8080
+    assert f"settings file: {named}" in messages(caplog)
+
+
+def test_a_bad_setting_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / DEFAULT_CONFIG_FILE).write_text("prot: 8080\n")
+    assert cli.main(["serve", "--engine", "http://e:1"]) == 2
+    assert "prot" in capsys.readouterr().err
+
+
+# --- the example settings file ----------------------------------------------------------
+
+
+def test_the_example_file_is_valid_and_names_every_setting() -> None:
+    path = ROOT / "whoseturn.example.yaml"
+    settings = load_settings(str(path), env={}, cwd=ROOT)
+    assert settings == load_settings(None, {"engines": ["http://127.0.0.1:8000"]}, env={})
+    data = yaml.safe_load(path.read_text())
+    assert set(data) == {f.name for f in dataclasses.fields(Settings)}
+    assert set(data["engines"][0]) == {f.name for f in dataclasses.fields(EngineConfig)}
+    for line in path.read_text().splitlines():
+        if re.match(r"\s*-?\s*\w+:", line):
+            assert "#" in line, f"setting without a comment: {line!r}"
+
+
+# --- the README's hand-run commands agree with its advice and with `make sim` -------------
+
+
+def sim_command_line(text: str) -> list[str]:
+    """The arguments after ``whoseturn sim`` on the first line of ``text`` that runs it."""
+    line = next(line for line in text.splitlines() if re.search(r"whoseturn sim --", line))
+    return line.split("whoseturn sim", 1)[1].split("#")[0].split()
+
+
+def test_the_readme_and_make_sim_run_the_engine_the_examples_use() -> None:
+    readme = (ROOT / "README.md").read_text()
+    make = (ROOT / "Makefile").read_text()
+    by_hand = bench.sim_settings(bench.parse("sim", sim_command_line(readme)))
+    make_sim = make.split("\nsim:", 1)[1]
+    assert bench.sim_settings(bench.parse("sim", sim_command_line(make_sim))) == by_hand
+    assert by_hand.port == 8000
+    models = set(re.findall(r'"model": "([^"]+)"|model="([^"]+)"', readme))
+    assert {m for pair in models for m in pair if m} == {by_hand.served_model_name}
+    threshold = by_hand.scheduler.long_prefill_token_threshold
+    assert f"--long-prefill-token-threshold {threshold}" in readme
+    assert f"{threshold} for the tiny" in readme
