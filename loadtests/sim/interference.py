@@ -18,11 +18,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import SimRequest
-from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.settings import SimSettings
+from loadtests.sim.step_loop import SimEngine, StepResult
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 

@@ -22,7 +22,6 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadtests.sim.engine import SimEngine
 from loadtests.sim.harness import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
@@ -32,7 +31,8 @@ from loadtests.sim.harness import (
     engine_priority,
 )
 from loadtests.sim.profile import StepCost
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_loop import SimEngine
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 from proxy.scheduler import EngineSettings, Job, TrafficClass

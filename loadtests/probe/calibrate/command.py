@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.probe.calibrate.fit import fit
+from loadtests.probe.calibrate.cost_fit import fit
 from loadtests.probe.calibrate.measure import Measured, Plan, measure_engine
-from loadtests.probe.calibrate.report import profile_file, report
+from loadtests.probe.calibrate.profile_report import profile_file, report
 from loadtests.probe.calibrate.samples import WindowError
 from loadtests.probe.calibrate.wire import MeasurementError
 

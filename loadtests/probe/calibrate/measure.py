@@ -1,4 +1,4 @@
-"""Measure an engine: the numbers :mod:`.fit` needs, one thing at a time.
+"""Measure an engine: the numbers :mod:`.cost_fit` needs, one thing at a time.
 
 1. prefills alone, one size after another (``max_tokens`` 1): time to first token at
    the client, or the engine's prefill time;

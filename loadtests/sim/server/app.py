@@ -21,7 +21,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from loadtests.sim.engine import SimEngine
 from loadtests.sim.server.errors import bad_request, install_error_handlers, model_not_found
 from loadtests.sim.server.inputs import chat_prompt_ids, completion_prompt_ids, engine_input
 from loadtests.sim.server.loop import StepDriver
@@ -47,6 +46,7 @@ from loadtests.sim.server.streaming import (
     sse_events,
 )
 from loadtests.sim.settings import SimSettings
+from loadtests.sim.step_loop import SimEngine
 from proxy.clock import WallClock
 
 logger = logging.getLogger(__name__)

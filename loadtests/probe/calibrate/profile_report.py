@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from datetime import datetime
 
-from loadtests.probe.calibrate.fit import COLUMNS, OVERHEAD, FitResult
+from loadtests.probe.calibrate.cost_fit import COLUMNS, OVERHEAD, FitResult
 from loadtests.probe.calibrate.measure import Plan
 from loadtests.probe.calibrate.samples import Kind, Measurement
 from loadtests.probe.calibrate.wire import EngineInfo

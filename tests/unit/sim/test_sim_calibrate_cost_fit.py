@@ -15,9 +15,9 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.probe.calibrate.fit import OVERHEAD, fit, lstsq
+from loadtests.probe.calibrate.cost_fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
-from loadtests.probe.calibrate.report import profile_file, report, residual_summary
+from loadtests.probe.calibrate.profile_report import profile_file, report, residual_summary
 from loadtests.probe.calibrate.samples import (
     Kind,
     Measurement,
@@ -38,9 +38,9 @@ from loadtests.probe.calibrate.wire import (
     _on_line,
     engine_info,
 )
-from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.profile import StepCost, load_profile
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_loop import SimEngine, StepResult
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 
