@@ -16,13 +16,14 @@ import ctypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from loadtests.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "tiny"
@@ -63,12 +64,6 @@ def vllm_python() -> Path:
 def model_dir() -> Path:
     """``$WHOSETURN_E2E_MODEL``, else ``.cache/tiny-model``."""
     return _from_env("WHOSETURN_E2E_MODEL", ".cache/tiny-model")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

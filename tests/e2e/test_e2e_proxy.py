@@ -15,9 +15,12 @@ from typing import Any
 
 import openai
 import pytest
-from integration.proxyserver import ProxyServer, data_lines, post_raw
-from integration.simserver import MODEL, Served
 from openai.types.chat import ChatCompletionMessageParam
+
+from tests.integration.proxyserver import ProxyServer
+from tests.support import MODEL
+from tests.support.http import data_lines, post_raw
+from tests.support.served import Served
 
 from .vllmserver import STARTUP_ALLOWANCE_S, VllmServer, proxy_in_front
 

@@ -10,7 +10,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .proxyserver import ProxyServer, closed_port_url, data_lines, engine, run_proxy
+from tests.support.http import data_lines
+from tests.support.processes import closed_port_url
+
+from .proxyserver import ProxyServer, engine, run_proxy
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
 pytestmark = pytest.mark.integration

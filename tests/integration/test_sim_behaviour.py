@@ -8,7 +8,9 @@ import anyio
 import httpx
 import pytest
 
-from .simserver import parse_metrics, run_server, sim_settings
+from tests.support.metrics import parse_metrics
+
+from .simserver import run_server, sim_settings
 
 pytestmark = pytest.mark.integration
 

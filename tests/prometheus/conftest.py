@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +25,16 @@ import httpx
 import pytest
 import yaml
 
+from tests.support import MODEL
+from tests.support.processes import (
+    Child,
+    free_port,
+    logged_child,
+    loopback_url,
+    sim_command,
+    whoseturn_command,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "prometheus"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -36,7 +42,6 @@ EXAMPLE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "dashboards" / "whoseturn.json"
 RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yml"
 
-MODEL = "tiny"
 ENGINE = "engine-a"
 TIME_SCALE = 20.0
 LOAD_S = 6.0
@@ -53,48 +58,6 @@ def tool(name: str) -> str:
             pytrace=False,
         )
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Child:
-    """A child process whose output goes to a log file under ``artifacts/``."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace").splitlines()
-        return f"--- {self.name} log ({self.log}) ---\n" + "\n".join(text[-lines:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"{self.name} exited ({self.process.returncode})\n{self.tail()}")
-
-
-@contextmanager
-def child(name: str, command: list[str]) -> Iterator[Child]:
-    """Run ``command`` until the ``with`` body ends: SIGINT, then SIGKILL after 10 s."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = ARTIFACTS / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            yield Child(name, process, log)
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
 
 
 def wait_until(what: str, ready: Callable[[], bool], timeout: float, *children: Child) -> None:
@@ -124,11 +87,9 @@ def answers(url: str, path: str) -> bool:
 @contextmanager
 def run_sim() -> Iterator[str]:
     port = free_port()
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim"]
-    command += ["--profile", "cpu-tiny", "--served-model-name", MODEL]
-    command += ["--port", str(port), "--time-scale", str(TIME_SCALE)]
-    with child("sim", command) as sim:
-        url = f"http://127.0.0.1:{port}"
+    command = sim_command("--port", str(port), "--time-scale", str(TIME_SCALE))
+    with logged_child("sim", command, ARTIFACTS, cwd=ROOT) as sim:
+        url = loopback_url(port)
         wait_until("whoseturn sim answering /health", lambda: answers(url, "/health"), 30, sim)
         yield url
 
@@ -152,10 +113,9 @@ def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
     }
     path = workdir / "whoseturn.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "serve"]
-    command += ["--config", str(path)]
-    with child("proxy", command) as proxy:
-        url = f"http://127.0.0.1:{port}"
+    command = whoseturn_command("serve", "--config", str(path))
+    with logged_child("proxy", command, ARTIFACTS, cwd=ROOT) as proxy:
+        url = loopback_url(port)
         wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
         yield url
 
@@ -239,8 +199,11 @@ def run_prometheus(proxy_url: str, engine_url: str, workdir: Path) -> Iterator[P
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
-    url = f"http://127.0.0.1:{port}"
-    with child("prometheus", command) as prom, httpx.Client(base_url=url, timeout=5) as http:
+    url = loopback_url(port)
+    with (
+        logged_child("prometheus", command, ARTIFACTS, cwd=ROOT) as prom,
+        httpx.Client(base_url=url, timeout=5) as http,
+    ):
         wait_until("prometheus ready", lambda: answers(url, "/-/ready"), 30, prom)
         server = Prometheus(url, http)
         wait_until("both scrape targets up", server.targets_up, 15, prom)
