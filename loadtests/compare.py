@@ -47,11 +47,11 @@ from typing import Any
 
 import httpx
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.baseline import Prompts, Workload, prepare, run_once
 from loadtests.client import Record
 from loadtests.corpus import Tokenizer
+from loadtests.engine_io import samples
 from loadtests.processes import free_port, loopback_url, running, wait_until_ok, whoseturn_command
 from loadtests.stalls import StallWatch, stopped_within
 from loadtests.vllm import MODEL_NAME, REPO, start_vllm
@@ -195,15 +195,6 @@ def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
         what = f"the proxy (see {out / 'proxy.log'})"
         wait_until_ok(f"{url}/readyz", process=process, what=what, interval_s=0.1)
         yield url
-
-
-def samples(text: str) -> dict[str, float]:
-    """A Prometheus exposition's samples, summed over label sets, by sample name."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
 
 
 def engine_totals(http: httpx.Client) -> dict[str, float]:

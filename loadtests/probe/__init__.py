@@ -14,9 +14,10 @@ decodes, so the stall levels off once a prompt exceeds the chunk.
 - :mod:`loadtests.probe.verdict_text`: the plain sentence, the table, the JSON.
 """
 
+from loadtests.engine_io import EngineInfo
 from loadtests.probe.analysis import Analysis, ChunkFrom, Criteria, Verdict, analyze
 from loadtests.probe.measurements import Injection, SizeStalls
-from loadtests.probe.result import EngineInfo, ProbeResult
+from loadtests.probe.result import ProbeResult
 from loadtests.probe.runner import ProbeConfig, ProbeError, default_sizes, run_probe
 
 __all__ = [

@@ -8,7 +8,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.support.metrics import parse_metrics
+from loadtests.engine_io import labelled_samples
 
 from .simserver import run_server, sim_settings
 
@@ -34,7 +34,7 @@ async def first_token_seconds(client: httpx.AsyncClient) -> float:
 
 
 async def requests_in_engine(client: httpx.AsyncClient) -> float:
-    samples = parse_metrics((await client.get("/metrics")).text)
+    samples = labelled_samples((await client.get("/metrics")).text)
     return sum(
         value
         for (name, _), value in samples.items()

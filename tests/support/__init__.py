@@ -1,6 +1,6 @@
 """What every test tier shares: ports and child processes (:mod:`.processes`), servers
 on loopback sockets (:mod:`.served`), polling (:mod:`.polling`), SSE lines and raw
-requests (:mod:`.http`), Prometheus samples (:mod:`.metrics`).
+requests (:mod:`.http`), Prometheus samples (:mod:`.metrics`, over the bench's reader).
 
 The harness's own launchers cannot import ``tests/``, so the process and port helpers
 live in :mod:`loadtests.processes` and :mod:`.processes` re-exports them.

@@ -1,22 +1,12 @@
-"""A Prometheus exposition's samples, keyed by name and label set."""
+"""Reading a Prometheus exposition in tests: the samples come from the bench's reader
+(:func:`loadtests.engine_io.labelled_samples`); this sums the ones a test asks for."""
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+from loadtests.engine_io.metrics import LabelledSamples
 
 
-def parse_metrics(text: str) -> Samples:
-    """Samples of a Prometheus exposition, keyed by sample name and label set."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def metric_sum(samples: Samples, name: str, **labels: str) -> float:
+def metric_sum(samples: LabelledSamples, name: str, **labels: str) -> float:
     """Sum of the samples called ``name`` whose labels include ``labels``; raises
     :class:`KeyError` if there is none."""
     wanted = set(labels.items())

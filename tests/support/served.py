@@ -20,8 +20,9 @@ import httpx
 import openai
 import uvicorn
 
+from loadtests.engine_io.metrics import LabelledSamples, labelled_samples
 from loadtests.processes import LOOPBACK, loopback_url
-from tests.support.metrics import Samples, metric_sum, parse_metrics
+from tests.support.metrics import metric_sum
 from tests.support.polling import wait_for
 
 
@@ -36,10 +37,10 @@ class Served:
     def openai(self, **options: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **options)
 
-    def metrics(self) -> Samples:
+    def metrics(self) -> LabelledSamples:
         response = self.http.get("/metrics")
         response.raise_for_status()
-        return parse_metrics(response.text)
+        return labelled_samples(response.text)
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples called ``name`` whose labels include ``labels``."""

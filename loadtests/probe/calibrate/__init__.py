@@ -8,10 +8,9 @@
 from loadtests.probe.calibrate.cost_fit import FitResult, fit
 from loadtests.probe.calibrate.measure import Plan, measure_engine
 from loadtests.probe.calibrate.samples import Kind, Measurement
-from loadtests.probe.calibrate.wire import EngineInfo, MeasurementError
+from loadtests.probe.calibrate.wire import MeasurementError
 
 __all__ = [
-    "EngineInfo",
     "FitResult",
     "Kind",
     "Measurement",

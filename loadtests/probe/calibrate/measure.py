@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from loadtests.engine_io import EngineInfo, EngineIOError, PromptMaker, TokenLog, engine_info
 from loadtests.probe.calibrate.samples import (
     Kind,
     Measurement,
@@ -39,11 +41,7 @@ from loadtests.probe.calibrate.wire import (
     INTER_TOKEN,
     PREFILL_TIME,
     EngineClock,
-    EngineInfo,
     MeasurementError,
-    Prompts,
-    TokenLog,
-    engine_info,
     stream,
     time_to_first_token,
 )
@@ -118,7 +116,7 @@ class Session:
     client: httpx.AsyncClient
     info: EngineInfo
     plan: Plan
-    prompts: Prompts
+    prompts: PromptMaker
     clock: EngineClock | None = None
 
 
@@ -235,7 +233,7 @@ async def _mixed_round(s: Session, sizes: Sequence[int]) -> list[Measurement]:
                 out.append(m)
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, MeasurementError):
+        with contextlib.suppress(asyncio.CancelledError, EngineIOError):
             await task
     return out
 
@@ -288,12 +286,12 @@ async def measure_engine(
 ) -> Measured:
     """Every measurement of ``plan`` against the engine behind ``client``."""
     started = time.perf_counter()
-    info = await engine_info(client, model)
+    info = await engine_info(client, model, cache_config=True)
     session = Session(
         client,
         info,
         plan.within(info.max_model_len),
-        Prompts(client, info.model, seed),
+        PromptMaker(client, info.model, random.Random(seed)),
         EngineClock(client) if plan.engine_clock else None,
     )
     await _warm_up(session)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from loadtests.engine_io import EngineInfo
 from loadtests.probe.calibrate.cost_fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
 from loadtests.probe.calibrate.profile_report import profile_file, report, residual_summary
@@ -31,12 +32,7 @@ from loadtests.probe.calibrate.wire import (
     INTER_TOKEN,
     PREFILL_TIME,
     EngineClock,
-    EngineInfo,
     MeasurementError,
-    Prompts,
-    TokenLog,
-    _on_line,
-    engine_info,
 )
 from loadtests.sim.profile import StepCost, load_profile
 from loadtests.sim.step_loop import SimEngine, StepResult
@@ -382,65 +378,6 @@ def test_report_has_every_coefficient_measurement_and_kind() -> None:
 
 
 # -- the HTTP edge, on a mock transport ---------------------------------------------
-
-
-def test_sse_lines_count_tokens_with_and_without_usage() -> None:
-    log = TokenLog()
-    assert not _on_line('data: {"choices": [{"text": "a"}]}', log)
-    assert not _on_line(
-        'data: {"choices": [{"text": "bc"}], "usage": {"completion_tokens": 3}}', log
-    )
-    assert not _on_line('data: {"choices": [], "usage": {"completion_tokens": 3}}', log)
-    assert not _on_line(": keep-alive", log)
-    assert _on_line("data: [DONE]", log)
-    assert len(log.times) == 3 and log.times[1] == log.times[2]
-
-
-METRICS = """# HELP vllm:cache_config_info Information of the KV cache config.
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="32768"} 1.0
-"""
-
-
-def engine_transport(tokens_per_word: int = 1) -> httpx.MockTransport:
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            card = {"id": "tiny", "max_model_len": 4096}
-            return httpx.Response(200, json={"data": [card]})
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=METRICS)
-        if request.url.path == "/tokenize":
-            words = yaml.safe_load(request.content)["prompt"].split()
-            ids = [hash(w) % 1000 for w in words for _ in range(tokens_per_word)]
-            return httpx.Response(200, json={"count": len(ids), "tokens": ids})
-        return httpx.Response(404)
-
-    return httpx.MockTransport(handle)
-
-
-def test_engine_info_reads_models_and_cache_config() -> None:
-    async def go() -> EngineInfo:
-        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
-            return await engine_info(c)
-
-    info = asyncio.run(go())
-    assert (info.model, info.max_model_len, info.block_size, info.num_gpu_blocks) == (
-        "tiny",
-        4096,
-        16,
-        32768,
-    )
-
-
-def test_prompts_are_unique_and_exactly_as_long_as_asked() -> None:
-    async def go() -> list[list[int]]:
-        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
-            prompts = Prompts(c, "tiny", seed=1)
-            return [await prompts.make(n) for n in (1, 16, 16, 300)]
-
-    made = asyncio.run(go())
-    assert [len(p) for p in made] == [1, 16, 16, 300]
-    assert made[1][:1] != made[2][:1]
 
 
 def histograms(prefill: tuple[float, int], itl: tuple[float, int]) -> str:

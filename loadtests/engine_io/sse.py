@@ -1,0 +1,25 @@
+"""Server-sent events as an OpenAI-compatible engine streams them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+
+async def sse_events(
+    response: httpx.Response, clock: Callable[[], float]
+) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """Each ``data:`` event of a streamed response, as ``(clock() when its line came,
+    its JSON)``, until ``data: [DONE]`` or the end of the body. Other lines (comments,
+    ``event:``) are skipped; an event that is not JSON raises :class:`ValueError`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line.removeprefix("data:").strip()
+        if data == "[DONE]":
+            return
+        now = clock()
+        yield now, json.loads(data)
