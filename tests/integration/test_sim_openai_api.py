@@ -7,6 +7,8 @@ import json
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.support.openai_api import streamed_completion
+
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
 pytestmark = pytest.mark.integration
@@ -82,15 +84,7 @@ def test_text_completion_whole_and_streamed(sim: SimServer) -> None:
     prompt = "The batch waits; the chat goes first."
     with sim.openai() as client:
         whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
-        chunks = list(
-            client.completions.create(
-                model=MODEL,
-                prompt=prompt,
-                max_tokens=3,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_completion(client, prompt, 3)
     assert whole.object == "text_completion"
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage is not None

@@ -16,12 +16,11 @@ import pytest
 import yaml
 
 from loadtests.engine_io import EngineInfo
+from loadtests.probe.calibrate import Kind, Measurement
 from loadtests.probe.calibrate.cost_fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
 from loadtests.probe.calibrate.profile_report import profile_file, report, residual_summary
 from loadtests.probe.calibrate.samples import (
-    Kind,
-    Measurement,
     WindowError,
     median_of,
     prefill_steps,
