@@ -46,13 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from loadtests.baseline import Prompts, Workload, prepare, run_once
 from loadtests.client import Record
 from loadtests.corpus import Tokenizer
 from loadtests.engine_io import samples
-from loadtests.processes import free_port, loopback_url, running, wait_until_ok, whoseturn_command
+from loadtests.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 from loadtests.stalls import StallWatch, stopped_within
 from loadtests.vllm import MODEL_NAME, REPO, start_vllm
 from proxy.scheduler.budget import percentile
@@ -178,15 +177,9 @@ class ArmResult:
 def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
     """``whoseturn serve`` in its own process in front of ``engine_url``; yields its URL."""
     port = free_port()
-    config = {
-        "port": port,
-        "scrape_interval_s": 0.5,
-        "health_interval_s": 1.0,
-        "engines": [{"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}],
-    }
-    path = out / "proxy.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = whoseturn_command("serve", "--config", str(path))
+    engine = {"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}
+    intervals = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
+    command = serve_command(out / "proxy.yaml", port=port, engines=[engine], **intervals)
     url = loopback_url(port)
     with (
         (out / "proxy.log").open("ab") as log,

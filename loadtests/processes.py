@@ -2,7 +2,8 @@
 
 - :func:`free_port`: a loopback TCP port that nothing listens on at the moment;
 - :func:`whoseturn_command`: the argument list that runs ``whoseturn ARGS`` with this
-  interpreter (warnings only in its log);
+  interpreter (warnings only in its log); :func:`serve_command` writes a proxy
+  configuration file and gives the command that serves it;
 - :func:`running`: a child process for the length of a ``with`` body, stopped on exit
   (a signal, then ``SIGKILL`` after a grace period);
 - :func:`wait_until_ok`: poll a URL until it answers 200, failing early if the child
@@ -21,9 +22,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
+import yaml
 
 LOOPBACK = "127.0.0.1"
 
@@ -42,6 +44,16 @@ def loopback_url(port: int) -> str:
 def whoseturn_command(*args: str) -> list[str]:
     """``python -m proxy --log-level warning ARGS`` with this interpreter."""
     return [sys.executable, "-m", "proxy", "--log-level", "warning", *args]
+
+
+def serve_command(
+    config_path: Path, *, port: int, engines: Sequence[dict[str, Any]], **settings: Any
+) -> list[str]:
+    """Write a proxy configuration (``port``, top-level ``settings``, ``engines``) to
+    ``config_path`` as YAML; the command that serves it: ``whoseturn serve --config``."""
+    config = {"port": port, **settings, "engines": list(engines)}
+    config_path.write_text(yaml.safe_dump(config))
+    return whoseturn_command("serve", "--config", str(config_path))
 
 
 @contextmanager

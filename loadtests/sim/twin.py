@@ -18,14 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtests.sim.harness import (
-    BATCH_PRIORITY,
-    INTERACTIVE_PRIORITY,
-    ProxyFront,
-    Recorder,
-    RequestRecord,
-    engine_priority,
-)
+from loadtests.sim.harness import ProxyFront, Recorder, RequestRecord, engine_priority
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.step_loop import SimEngine
@@ -36,8 +29,6 @@ from proxy.scheduler import EngineSettings, Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import percentile
 
 __all__ = [
-    "BATCH_PRIORITY",
-    "INTERACTIVE_PRIORITY",
     "ArmResult",
     "MixedWorkload",
     "evaluation_arms",

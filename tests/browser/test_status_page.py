@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,12 +39,13 @@ from proxy.scheduler import (
 )
 from tests.support import MODEL
 from tests.support.processes import (
+    LOOPBACK,
     free_port,
     logged_child,
     loopback_url,
+    serve_command,
     sim_command,
     wait_until_ok,
-    whoseturn_command,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
@@ -90,11 +90,10 @@ def run_stack(
     sim_port, proxy_port = free_port(), free_port()
     sim_url, proxy_url = loopback_url(sim_port), loopback_url(proxy_port)
     engine = {"url": sim_url, "name": "engine-0", "models": [MODEL]}
-    config = {"host": "127.0.0.1", "port": proxy_port, **proxy_options, "engines": [engine]}
-    config_file = tmp / "whoseturn.yaml"
-    config_file.write_text(json.dumps(config))  # JSON is YAML
     sim_command_line = sim_command("--port", str(sim_port), *sim_flags)
-    proxy_command_line = whoseturn_command("serve", "--config", str(config_file))
+    proxy_command_line = serve_command(
+        tmp / "whoseturn.yaml", port=proxy_port, engines=[engine], host=LOOPBACK, **proxy_options
+    )
     with ExitStack() as stack:
         sim = stack.enter_context(logged_child("sim", sim_command_line, logs, grace_s=5))
         wait_until_ok(f"{sim_url}/health", process=sim.process, what=f"whoseturn sim ({sim.log})")

@@ -22,14 +22,9 @@ import pytest
 from loadtests.sim.profile import StepCost, load_profile
 from proxy.cli import main
 from tests.support import MODEL
-from tests.support.processes import (
-    free_port,
-    loopback_url,
-    running,
-    sim_command,
-    wait_until_ok,
-    whoseturn_command,
-)
+from tests.support.processes import whoseturn_command
+
+from .proxyserver import spawn_sim
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +36,9 @@ BUDGET = 512
 def sim_url() -> Iterator[str]:
     """``whoseturn sim`` in a process of its own: a test process that has run many
     tests pauses for garbage collection long enough to blur a 2 ms step."""
-    port = free_port()
-    flags = ["--time-scale", str(TIME_SCALE), "--port", str(port)]
-    flags += ["--max-num-batched-tokens", str(BUDGET), "--max-model-len", "4096"]
-    url = loopback_url(port)
-    with running(sim_command(*flags)) as process:
-        what = "the simulated engine"
-        wait_until_ok(f"{url}/health", process=process, what=what, timeout_s=20, interval_s=0.1)
-        yield url
+    flags = ("--max-num-batched-tokens", str(BUDGET), "--max-model-len", "4096")
+    with spawn_sim(*flags, time_scale=TIME_SCALE) as sim:
+        yield sim.base_url
 
 
 def calibrate(url: str, out: Path, *options: str) -> subprocess.CompletedProcess[str]:

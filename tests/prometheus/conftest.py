@@ -11,6 +11,7 @@ them. Logs go to ``artifacts/prometheus/``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
@@ -31,8 +32,8 @@ from tests.support.processes import (
     free_port,
     logged_child,
     loopback_url,
+    serve_command,
     sim_command,
-    whoseturn_command,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,22 +99,10 @@ def run_sim() -> Iterator[str]:
 def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
     """``whoseturn serve`` with a small prefill budget, so batch is held at times."""
     port = free_port()
-    config = {
-        "port": port,
-        "health_interval_s": 0.2,
-        "scrape_interval_s": 0.2,
-        "engines": [
-            {
-                "url": engine_url,
-                "name": ENGINE,
-                "models": [MODEL],
-                "budget": {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096},
-            }
-        ],
-    }
-    path = workdir / "whoseturn.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = whoseturn_command("serve", "--config", str(path))
+    budget = {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096}
+    engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget}
+    intervals = {"health_interval_s": 0.2, "scrape_interval_s": 0.2}
+    command = serve_command(workdir / "whoseturn.yaml", port=port, engines=[engine], **intervals)
     with logged_child("proxy", command, ARTIFACTS, cwd=ROOT) as proxy:
         url = loopback_url(port)
         wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
@@ -213,43 +202,54 @@ def run_prometheus(proxy_url: str, engine_url: str, workdir: Path) -> Iterator[P
 # -- the load -------------------------------------------------------------------------
 
 
+def until_stopped(
+    url: str, stop: threading.Event, timeout: float, send: Callable[[httpx.Client, int], None]
+) -> None:
+    """``send(client, n)`` for n = 1, 2, ... until ``stop`` is set."""
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        for n in itertools.count(1):
+            if stop.is_set():
+                return
+            send(http, n)
+
+
 def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
     """Streaming chat requests on /v1, one after another."""
-    with httpx.Client(base_url=url, timeout=30) as http:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
-            body = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": words}],
-                "max_tokens": 24,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                assert response.status_code == 200, response.read()
-                for _ in response.iter_lines():
-                    pass
-            stop.wait(0.05)
+
+    def send(http: httpx.Client, n: int) -> None:
+        words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": words}],
+            "max_tokens": 24,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200, response.read()
+            for _ in response.iter_lines():
+                pass
+        stop.wait(0.05)
+
+    until_stopped(url, stop, 30, send)
 
 
 def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
     """Long-prompt batch requests on /batch/v1, completions and chat in turn."""
-    with httpx.Client(base_url=url, timeout=60) as http:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
-            if n % 2:
-                path = "/batch/v1/completions"
-                body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}
-            else:
-                path = "/batch/v1/chat/completions"
-                messages = [{"role": "user", "content": text}]
-                body = {"model": MODEL, "messages": messages, "max_tokens": 8}
-            response = http.post(path, json=body)
-            assert response.status_code == 200, response.text
+
+    def send(http: httpx.Client, n: int) -> None:
+        text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
+        if n % 2:
+            path = "/batch/v1/completions"
+            body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}
+        else:
+            path = "/batch/v1/chat/completions"
+            messages = [{"role": "user", "content": text}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 8}
+        response = http.post(path, json=body)
+        assert response.status_code == 200, response.text
+
+    until_stopped(url, stop, 60, send)
 
 
 def drive_mixed_load(url: str, seconds: float) -> None:

@@ -14,9 +14,11 @@ from pathlib import Path
 from subprocess import Popen
 
 from loadtests.processes import (
+    LOOPBACK,
     free_port,
     loopback_url,
     running,
+    serve_command,
     stop,
     wait_until_ok,
     whoseturn_command,
@@ -24,12 +26,14 @@ from loadtests.processes import (
 from tests.support import MODEL
 
 __all__ = [
+    "LOOPBACK",
     "Child",
     "closed_port_url",
     "free_port",
     "logged_child",
     "loopback_url",
     "running",
+    "serve_command",
     "sim_command",
     "stop",
     "wait_until_ok",
