@@ -11,7 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.http import data_lines
-from tests.support.openai_api import json_shape, streamed_completion, token_count
+from tests.support.openai_api import json_shape, streamed_chat, streamed_completion, token_count
 from tests.support.processes import closed_port_url
 
 from .proxyserver import ProxyServer, engine, run_proxy
@@ -75,15 +75,7 @@ def test_chat_whole(sim: SimServer, proxy: ProxyServer) -> None:
 
 def test_chat_streamed_with_and_without_usage(sim: SimServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
-        with_usage = list(
-            client.chat.completions.create(
-                model=MODEL,
-                messages=MESSAGES,
-                max_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        with_usage = streamed_chat(client, MESSAGES, max_tokens=5)
         plain = list(
             client.chat.completions.create(
                 model=MODEL, messages=MESSAGES, max_tokens=5, stream=True

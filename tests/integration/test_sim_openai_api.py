@@ -7,7 +7,7 @@ import json
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.openai_api import streamed_completion
+from tests.support.openai_api import streamed_chat, streamed_completion
 
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
@@ -46,15 +46,7 @@ def test_chat_completion_whole(sim: SimServer) -> None:
 
 def test_chat_completion_streamed_with_usage(sim: SimServer) -> None:
     with sim.openai() as client:
-        chunks = list(
-            client.chat.completions.create(
-                model=MODEL,
-                messages=MESSAGES,
-                max_completion_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_chat(client, MESSAGES, max_completion_tokens=5)
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
     assert len({c.id for c in chunks}) == 1
     first, *tokens, last = chunks

@@ -1,5 +1,5 @@
 """The OpenAI-compatible API as the tests ask it, of an engine or of the proxy:
-streamed completions with usage, an engine's own token count, a JSON body's shape."""
+streamed answers with usage, an engine's own token count, a JSON body's shape."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import openai
 from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.support import MODEL
 from tests.support.served import Served
@@ -26,6 +27,21 @@ def json_shape(value: Any) -> Any:
     if isinstance(value, list):
         return [json_shape(v) for v in value]
     return type(value).__name__
+
+
+def streamed_chat(
+    client: openai.OpenAI, messages: list[ChatCompletionMessageParam], **limits: int
+) -> list[ChatCompletionChunk]:
+    """Every chunk of a chat completion streamed with ``include_usage``; ``limits`` is
+    ``max_tokens=N`` or ``max_completion_tokens=N``."""
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        **limits,
+    )
+    return list(stream)
 
 
 def streamed_completion(client: openai.OpenAI, prompt: str, max_tokens: int) -> list[Completion]:
