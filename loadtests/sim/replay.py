@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadtests.sim.harness import (
+from loadtests.sim.drivers import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
     ProxyFront,

@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtests.sim.harness import ProxyFront, Recorder, RequestRecord, engine_priority
+from loadtests.sim.drivers import ProxyFront, Recorder, RequestRecord, engine_priority
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.step_loop import SimEngine

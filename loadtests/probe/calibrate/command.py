@@ -14,7 +14,7 @@ from loadtests.engine_io import EngineIOError
 from loadtests.probe.calibrate.cost_fit import fit
 from loadtests.probe.calibrate.measure import Measured, Plan, measure_engine
 from loadtests.probe.calibrate.profile_report import profile_file, report
-from loadtests.probe.calibrate.samples import WindowError
+from loadtests.probe.calibrate.token_times import WindowError
 
 DEFAULT_BUDGET = 2048
 """vLLM's default ``--max-num-batched-tokens`` for the OpenAI server on CPU."""

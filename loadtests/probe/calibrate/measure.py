@@ -4,10 +4,10 @@
    the client, or the engine's prefill time;
 2. decode: ``n`` streams started together, at short and at long context; the step
    time while all of them decode (read from the token times, see
-   :func:`~.samples.steady_gap`), or the engine's mean inter-token latency;
+   :func:`~.token_times.steady_gap`), or the engine's mean inter-token latency;
 3. mixed steps: one decode stream running, single-step prefills sent beside it; the
    step that computed the prefill, read from the decode stream's token times
-   (:func:`~.samples.stall_step`), or the engine's prefill time of that request.
+   (:func:`~.token_times.stall_step`), or the engine's prefill time of that request.
 
 A sample that the token times cannot read (tokens delivered in bursts) is dropped
 with a warning; a shape needs one sample to count.
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from loadtests.engine_io import EngineInfo, EngineIOError, PromptMaker, TokenLog, engine_info
-from loadtests.probe.calibrate.samples import (
+from loadtests.probe.calibrate.token_times import (
     Kind,
     Measurement,
     WindowError,

@@ -1,6 +1,6 @@
 """Calibration's pure parts: the fit recovers a cost model from measurements that the
 simulated engine itself produced (in virtual time), with and without noise; the plan;
-the report and the profile file. (Token-time reductions: ``test_sim_calibrate_samples``;
+the report and the profile file. (Token-time reductions: ``test_sim_calibrate_token_times``;
 the engine's clock: ``test_sim_calibrate_wire``.)"""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from loadtests.probe.calibrate import Kind, Measurement
 from loadtests.probe.calibrate.cost_fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
 from loadtests.probe.calibrate.profile_report import profile_file, report, residual_summary
-from loadtests.probe.calibrate.samples import (
+from loadtests.probe.calibrate.token_times import (
     median_of,
     prefill_steps,
     stall_step,

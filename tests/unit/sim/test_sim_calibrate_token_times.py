@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from loadtests.probe.calibrate.samples import (
+from loadtests.probe.calibrate.token_times import (
     Kind,
     Measurement,
     WindowError,
