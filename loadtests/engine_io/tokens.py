@@ -54,10 +54,15 @@ class TokenLog:
 async def record_tokens(
     response: httpx.Response, log: TokenLog, clock: Callable[[], float]
 ) -> None:
-    """Log the arrival of every token of a streamed completion until it finishes, then
-    close the log (with the error, if reading failed). An event with choices is one
-    token, or as many as its ``usage.completion_tokens`` says so far (vLLM's
-    ``continuous_usage_stats``: a chunk may carry several)."""
+    """Log the arrival of every token of a streamed completion until the stream ends
+    (``[DONE]`` or the end of the body), then close the log (with the error, if reading
+    failed). An event with choices is one token, or as many as its
+    ``usage.completion_tokens`` says so far (vLLM's ``continuous_usage_stats``: a chunk
+    may carry several).
+
+    It reads on past the finishing chunk, to the end: a response read to its end gives
+    its connection back to the client's pool, so the next request is not slowed by a
+    new connection (calibration times requests from their sending)."""
     try:
         async for now, event in sse_events(response, clock):
             choices = event.get("choices")
@@ -66,8 +71,6 @@ async def record_tokens(
             usage = event.get("usage")
             count = usage.get("completion_tokens") if isinstance(usage, dict) else None
             log.add(now, count if isinstance(count, int) else None)
-            if any(c.get("finish_reason") for c in choices):
-                break
     except (httpx.HTTPError, ValueError) as exc:
         log.close(exc)
         return

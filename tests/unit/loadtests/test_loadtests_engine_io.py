@@ -78,12 +78,14 @@ def test_sse_lines_count_tokens_with_and_without_usage() -> None:
     assert log.closed and log.error is None
 
 
-def test_the_token_log_stops_at_the_finish_and_keeps_a_bad_event_as_its_error() -> None:
+def test_the_token_log_reads_past_the_finish_and_keeps_a_bad_event_as_its_error() -> None:
     finished = [
         'data: {"choices": [{"text": "a", "finish_reason": "length"}]}',
-        'data: {"choices": [{"text": "never read"}]}',
+        'data: {"choices": [], "usage": {"completion_tokens": 1}}',
+        "data: [DONE]",
     ]
-    assert len(asyncio.run(logged(finished)).times) == 1
+    done = asyncio.run(logged(finished))
+    assert len(done.times) == 1 and done.closed and done.error is None
     broken = asyncio.run(logged(['data: {"choices": [{"text": "a"}]}', "data: {not json"]))
     assert len(broken.times) == 1 and isinstance(broken.error, ValueError)
 
