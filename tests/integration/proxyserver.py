@@ -96,7 +96,7 @@ def _spawn(command: list[str], ready_path: str) -> Iterator[Process]:
         running([*command, "--port", str(port)]) as process,
         httpx.Client(base_url=base_url, timeout=10) as http,
     ):
-        what = " ".join(command[3:])
+        what = " ".join(command)
         wait_until_ok(
             base_url + ready_path, process=process, what=what, timeout_s=20, interval_s=0.02
         )

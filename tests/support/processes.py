@@ -19,7 +19,6 @@ from loadtests.processes import (
     loopback_url,
     running,
     serve_command,
-    stop,
     wait_until_ok,
     whoseturn_command,
 )
@@ -35,7 +34,6 @@ __all__ = [
     "running",
     "serve_command",
     "sim_command",
-    "stop",
     "wait_until_ok",
     "whoseturn_command",
 ]
