@@ -3,6 +3,10 @@
 
 Times are ``time.monotonic()`` seconds, the same clock in every process on the
 machine, so they can be set against another process's (:mod:`loadtests.stalls`).
+
+The events are read with the bench's own SSE reader (:mod:`loadtests.engine_io`),
+never with the proxy's relay code, on purpose: the load generator shares nothing
+with the system under test, so a bug there cannot hide itself in the measurement.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from loadtests.engine_io import sse_events
 from loadtests.stalls import stopped_within
 
 
@@ -124,9 +129,8 @@ async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) 
             if response.status_code != 200:
                 record.error = (await response.aread()).decode(errors="replace")[:500]
                 return record
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    _event(record, json.loads(line.removeprefix("data: ")), time.monotonic())
+            async for now, event in sse_events(response, time.monotonic):
+                _event(record, event, now)
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
         record.error = f"{type(exc).__name__}: {exc}"
     record.finished_at = time.monotonic()

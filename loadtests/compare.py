@@ -36,8 +36,8 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -47,14 +47,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.baseline import Prompts, Workload, prepare, run_once
 from loadtests.client import Record
 from loadtests.corpus import Tokenizer
+from loadtests.engine_io import samples
+from loadtests.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 from loadtests.stalls import StallWatch, stopped_within
-from loadtests.vllm import MODEL_NAME, REPO, free_port, start_vllm
+from loadtests.vllm import MODEL_NAME, REPO, start_vllm
 from proxy.scheduler.budget import percentile
 
 logger = logging.getLogger(__name__)
@@ -188,47 +188,17 @@ class ArmResult:
 def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
     """``whoseturn serve`` in its own process in front of ``engine_url``; yields its URL."""
     port = free_port()
-    config = {
-        "port": port,
-        "scrape_interval_s": 0.5,
-        "health_interval_s": 1.0,
-        "engines": [{"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}],
-    }
-    path = out / "proxy.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log = (out / "proxy.log").open("ab")
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "serve"]
-    process = subprocess.Popen([*command, "--config", str(path)], stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=url, timeout=2) as http:
-            deadline = time.monotonic() + 30
-            while True:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the proxy did not start; see {out / 'proxy.log'}")
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+    engine = {"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}
+    intervals = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
+    command = serve_command(out / "proxy.yaml", port=port, engines=[engine], **intervals)
+    url = loopback_url(port)
+    with (
+        (out / "proxy.log").open("ab") as log,
+        running(command, output=log, stop_signal=signal.SIGTERM) as process,
+    ):
+        what = f"the proxy (see {out / 'proxy.log'})"
+        wait_until_ok(f"{url}/readyz", process=process, what=what, interval_s=0.1)
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-
-
-def samples(text: str) -> dict[str, float]:
-    """A Prometheus exposition's samples, summed over label sets, by sample name."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
 
 
 def engine_totals(http: httpx.Client) -> dict[str, float]:

@@ -9,6 +9,10 @@ vLLM caches prompt prefixes by whole blocks, each block's hash chained to the on
 before: two prompts that differ in their first tokens share no block. Every prompt
 here starts with its own header line, so no prompt's prefill is ever skipped, even
 when the same passage is sent again in a later repetition.
+
+These are text prompts of real prose, sized to within 0.5% by bisection, because
+the harness sends what users send. The measuring tools (probe, calibration) want
+token-id prompts of an exact length instead: :class:`loadtests.engine_io.PromptMaker`.
 """
 
 from __future__ import annotations

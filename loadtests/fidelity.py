@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.compare import seconds as _s
+from loadtests.markdown import markdown_table
 from loadtests.sim.profile import Profile, load_profile
 from loadtests.sim.replay import ReplayArm, ScriptedRequest, replay
 from loadtests.sim.settings import scheduler_config
@@ -148,18 +149,24 @@ def compare(records: Sequence[dict[str, Any]], profile: Profile) -> list[Row]:
 
 
 def table(rows: Sequence[Row]) -> str:
-    lines = [
-        "| arm | class (requests) | TTFT p50 real / sim | error | TTFT p95 real / sim | error "
-        "| within 30% | raw real p50 / p95 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.arm} | {r.cls.value} ({r.samples}) | {_s(r.real_p50)} / {_s(r.sim_p50)} "
-            f"| {r.error_p50:+.0%} | {_s(r.real_p95)} / {_s(r.sim_p95)} | {r.error_p95:+.0%} "
-            f"| {'yes' if r.met else 'NO'} | {_s(r.raw_p50)} / {_s(r.raw_p95)} |"
-        )
-    return "\n".join(lines)
+    header = ["arm", "class (requests)", "TTFT p50 real / sim", "error", "TTFT p95 real / sim"]
+    header += ["error", "within 30%", "raw real p50 / p95"]
+    return markdown_table(
+        header,
+        (
+            [
+                r.arm,
+                f"{r.cls.value} ({r.samples})",
+                f"{_s(r.real_p50)} / {_s(r.sim_p50)}",
+                f"{r.error_p50:+.0%}",
+                f"{_s(r.real_p95)} / {_s(r.sim_p95)}",
+                f"{r.error_p95:+.0%}",
+                "yes" if r.met else "NO",
+                f"{_s(r.raw_p50)} / {_s(r.raw_p95)}",
+            ]
+            for r in rows
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,12 @@ import ctypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from loadtests.processes import free_port, wait_until_ok
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "tiny"
@@ -71,12 +70,6 @@ def vllm_python() -> Path:
 def model_dir() -> Path:
     """``$WHOSETURN_E2E_MODEL``, else ``.cache/tiny-model``."""
     return _from_env("WHOSETURN_E2E_MODEL", ".cache/tiny-model")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -160,22 +153,16 @@ def start_vllm(flags: tuple[str, ...], log_dir: Path, *, index: int = 0) -> Vllm
 
 
 def _wait_healthy(server: VllmProcess) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(base_url=server.base_url, timeout=2) as http:
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited ({server.process.returncode}) before it was ready; "
-                    f"{server.log_path}:\n{tail(server.log_path)}"
-                )
-            with contextlib.suppress(httpx.TransportError):
-                if http.get("/health").status_code == 200:
-                    return
-            time.sleep(0.5)
-    raise RuntimeError(
-        f"vLLM not ready within {READY_TIMEOUT_S:.0f} s; {server.log_path}:\n"
-        f"{tail(server.log_path)}"
-    )
+    try:
+        wait_until_ok(
+            f"{server.base_url}/health",
+            process=server.process,
+            what="vLLM",
+            timeout_s=READY_TIMEOUT_S,
+            interval_s=0.5,
+        )
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; {server.log_path}:\n{tail(server.log_path)}") from exc
 
 
 def tail(path: Path, lines: int = 30) -> str:

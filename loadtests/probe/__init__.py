@@ -9,14 +9,15 @@ decodes, so the stall levels off once a prompt exceeds the chunk.
 - :mod:`loadtests.probe.runner`: the I/O (:func:`run_probe`), over HTTP with httpx;
 - :mod:`loadtests.probe.timeline`: stalls, steps and quiet gaps from token arrival times;
 - :mod:`loadtests.probe.measurements`: what one injected prompt showed, grouped by size;
-- :mod:`loadtests.probe.fit`: a line and a broken line, least squares;
+- :mod:`loadtests.probe.curve_fit`: a line and a broken line, least squares;
 - :mod:`loadtests.probe.analysis`: the verdict (:func:`analyze`), pure;
-- :mod:`loadtests.probe.report`: the plain sentence, the table, the JSON.
+- :mod:`loadtests.probe.verdict_text`: the plain sentence, the table, the JSON.
 """
 
+from loadtests.engine_io import EngineInfo
 from loadtests.probe.analysis import Analysis, ChunkFrom, Criteria, Verdict, analyze
 from loadtests.probe.measurements import Injection, SizeStalls
-from loadtests.probe.result import EngineInfo, ProbeResult
+from loadtests.probe.result import ProbeResult
 from loadtests.probe.runner import ProbeConfig, ProbeError, default_sizes, run_probe
 
 __all__ = [

@@ -16,7 +16,7 @@ What tells the two policies apart:
   with the prompt, and the stall grows until a prompt fills one chunk and then levels
   off (flat, or much shallower: a later chunk attends to a longer context).
 
-Both a line and a broken line (:mod:`loadtests.probe.fit`) are fitted to the median stall
+Both a line and a broken line (:mod:`loadtests.probe.curve_fit`) are fitted to the median stall
 per size. The broken line has a *knee* when it beats the line by a clear margin (more
 than the repeats' noise explains) and its slope past the knee is at most half the
 slope below. The verdict:
@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from loadtests.probe.fit import BrokenLine, Line, fit_broken_line, fit_line
+from loadtests.probe.curve_fit import BrokenLine, Line, fit_broken_line, fit_line
 from loadtests.probe.measurements import Injection, SizeStalls, group_by_size
 
 

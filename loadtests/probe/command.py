@@ -7,8 +7,8 @@ import asyncio
 import json
 import sys
 
-from loadtests.probe.report import render_text, to_json
 from loadtests.probe.runner import ProbeConfig, ProbeError, run_probe
+from loadtests.probe.verdict_text import render_text, to_json
 
 
 def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadtests.engine_io import EngineInfo
 from loadtests.probe.analysis import Analysis
 from loadtests.probe.measurements import Injection
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineInfo:
-    url: str
-    model: str
-    max_model_len: int
 
 
 @dataclass(frozen=True, kw_only=True)

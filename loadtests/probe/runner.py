@@ -22,9 +22,8 @@ soon, a timeout) is raised as :class:`ProbeError`.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -33,10 +32,20 @@ from typing import Any
 
 import httpx
 
+from loadtests.engine_io import (
+    EngineInfo,
+    EngineIOError,
+    PromptMaker,
+    TokenLog,
+    check_status,
+    engine_info,
+    record_tokens,
+)
+from loadtests.engine_io.info import post_json
 from loadtests.probe import timeline
 from loadtests.probe.analysis import analyze
 from loadtests.probe.measurements import Injection, unsettled_sizes
-from loadtests.probe.result import EngineInfo, ProbeResult
+from loadtests.probe.result import ProbeResult
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +53,6 @@ logger = logging.getLogger(__name__)
 HEADROOM_TOKENS = 64
 DEFAULT_FIRST_SIZE = 128
 MIN_SIZES = 5
-
-_WORDS = (
-    "time year people way day man thing woman life child world school state family "
-    "student group country problem hand part place case week company system program "
-    "question work government number night point home water room mother area money "
-    "story fact month lot right study book eye job word business issue side kind head "
-    "house service friend father power hour game line end member law car city name "
-    "president team minute idea kid body information back parent face others level "
-    "office door health person art war history party result change morning reason "
-    "research girl guy moment air teacher force education river garden window letter"
-).split()
 
 
 class ProbeError(Exception):
@@ -125,6 +123,8 @@ async def run_probe(
     ) as client:
         try:
             return await _probe(client, config, clock, started)
+        except EngineIOError as exc:
+            raise ProbeError(str(exc)) from exc
         except httpx.HTTPError as exc:
             raise ProbeError(f"cannot talk to {config.engine_url}: {exc!r}") from exc
         except TimeoutError as exc:
@@ -186,17 +186,11 @@ class _Session:
 
 async def discover(client: httpx.AsyncClient, config: ProbeConfig) -> EngineInfo:
     """The model to use and its context length, from ``/v1/models``."""
-    cards = (await _get_json(client, "/v1/models")).get("data") or []
-    if config.model is not None:
-        cards = [c for c in cards if c.get("id") == config.model]
-    if not cards:
-        wanted = f"model {config.model!r}" if config.model else "any model"
-        raise ProbeError(f"{config.engine_url} serves {wanted} not at all (GET /v1/models)")
-    card = cards[0]
-    max_model_len = card.get("max_model_len")
-    if not isinstance(max_model_len, int):
-        raise ProbeError(f"{config.engine_url} does not say its model's max_model_len")
-    return EngineInfo(url=config.engine_url, model=str(card["id"]), max_model_len=max_model_len)
+    try:
+        info = await engine_info(client, config.model)
+    except EngineIOError as exc:
+        raise ProbeError(f"{config.engine_url}: {exc}") from exc
+    return dataclasses.replace(info, url=config.engine_url)
 
 
 def _check_sizes(sizes: Sequence[int], engine: EngineInfo) -> None:
@@ -210,65 +204,6 @@ def _check_sizes(sizes: Sequence[int], engine: EngineInfo) -> None:
         raise ProbeError(f"need at least {MIN_SIZES} distinct prompt sizes, got {sorted(sizes)}")
 
 
-class PromptMaker:
-    """Prompts of an exact number of tokens, each unique from its first token on."""
-
-    def __init__(self, client: httpx.AsyncClient, model: str, rng: random.Random) -> None:
-        self._client = client
-        self._model = model
-        self._rng = rng
-        self._tokens_per_word = 1.5
-
-    def text(self, words: int) -> str:
-        tag = f"{self._rng.getrandbits(48):012x}"
-        return tag + " " + " ".join(self._rng.choice(_WORDS) for _ in range(words))
-
-    async def make(self, tokens: int) -> list[int]:
-        """Token ids of a fresh random text, cut to exactly ``tokens``."""
-        words = math.ceil(tokens / self._tokens_per_word * 1.1) + 8
-        for _ in range(6):
-            ids = await self.tokenize(self.text(words))
-            self._tokens_per_word = max(0.1, len(ids) / (words + 1))
-            if len(ids) >= tokens:
-                return ids[:tokens]
-            words = math.ceil(words * 1.5)
-        raise ProbeError(f"could not build a {tokens}-token prompt through /tokenize")
-
-    async def tokenize(self, text: str) -> list[int]:
-        body = await _post_json(self._client, "/tokenize", {"model": self._model, "prompt": text})
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise ProbeError("/tokenize answered without a list of token ids")
-        return tokens
-
-
-class _Arrivals:
-    """Arrival times of a decode stream's tokens, and a way to wait for more."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.error: BaseException | None = None
-        self.ended = False
-        self._changed = asyncio.Event()
-
-    def add(self, t: float) -> None:
-        self.times.append(t)
-        self._changed.set()
-
-    def end(self, error: BaseException | None = None) -> None:
-        self.ended, self.error = True, error
-        self._changed.set()
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            if self.error is not None:
-                raise ProbeError(f"the decode stream failed: {self.error!r}") from self.error
-            if self.ended:
-                raise ProbeError(f"the decode stream ended after {len(self.times)} tokens")
-            self._changed.clear()
-            await self._changed.wait()
-
-
 async def measure(
     client: httpx.AsyncClient,
     engine: EngineInfo,
@@ -277,7 +212,7 @@ async def measure(
     clock: Callable[[], float],
 ) -> Injection:
     """Inject one prompt beside a fresh decode stream and time what the stream saw."""
-    arrivals = _Arrivals()
+    arrivals = TokenLog()
     body = {
         "model": engine.model,
         "prompt": "Count on, one number at a time: 1 2 3",
@@ -288,12 +223,12 @@ async def measure(
     }
     async with asyncio.timeout(config.timeout_s):
         async with client.stream("POST", "/v1/completions", json=body) as response:
-            await _raise_for_status(response)
-            reader = asyncio.create_task(_read(response, arrivals, clock))
+            await check_status(response)
+            reader = asyncio.create_task(record_tokens(response, arrivals, clock))
             try:
                 await arrivals.wait_until(lambda: len(arrivals.times) > config.settle_tokens)
                 sent = clock()
-                await _post_json(client, "/v1/completions", _one_token(engine, prompt_ids))
+                await post_json(client, "/v1/completions", _one_token(engine, prompt_ids))
                 answered = clock()
                 await arrivals.wait_until(
                     lambda: timeline.tokens_after(arrivals.times, answered) >= config.tail_tokens
@@ -316,55 +251,3 @@ async def measure(
 
 def _one_token(engine: EngineInfo, prompt_ids: list[int]) -> dict[str, Any]:
     return {"model": engine.model, "prompt": prompt_ids, "max_tokens": 1, "temperature": 0}
-
-
-async def _read(response: httpx.Response, arrivals: _Arrivals, clock: Callable[[], float]) -> None:
-    """Record the arrival of every token event until the stream ends or fails."""
-    try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line.removeprefix("data:").strip()
-            if data == "[DONE]":
-                break
-            now = clock()
-            choices = json.loads(data).get("choices") or []
-            if choices:
-                arrivals.add(now)
-            if any(c.get("finish_reason") for c in choices):
-                break
-    except (httpx.HTTPError, ValueError) as exc:
-        arrivals.end(exc)
-        return
-    arrivals.end()
-
-
-async def _get_json(client: httpx.AsyncClient, path: str) -> dict[str, Any]:
-    response = await client.get(path)
-    await _raise_for_status(response)
-    return _json_object(response, path)
-
-
-async def _post_json(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body)
-    await _raise_for_status(response)
-    return _json_object(response, path)
-
-
-async def _raise_for_status(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    text = (await response.aread()).decode(errors="replace")[:300]
-    raise ProbeError(
-        f"{response.request.method} {response.url.path}: {response.status_code} {text}"
-    )
-
-
-def _json_object(response: httpx.Response, path: str) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise ProbeError(f"{path} answered with something other than JSON") from exc
-    if not isinstance(body, dict):
-        raise ProbeError(f"{path} answered with JSON that is not an object")
-    return body

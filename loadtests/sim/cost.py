@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loadtests.sim.profile import StepCost
-from loadtests.sim.scheduler import SchedulerOutput
+from loadtests.sim.step_scheduler import SchedulerOutput
 
 
 def step_seconds(cost: StepCost, out: SchedulerOutput) -> float:

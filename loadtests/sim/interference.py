@@ -18,11 +18,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import SimRequest
-from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.settings import SimSettings
+from loadtests.sim.step_loop import SimEngine, StepResult
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 
@@ -135,44 +135,28 @@ def _worst_gap_after(
 
 def engine_arms(config: SchedulerConfig) -> list[tuple[str, SchedulerConfig]]:
     """The engine settings compared: the given one and the usual alternatives."""
-    whole = max(config.max_num_batched_tokens, config.max_model_len)
+    steps, whole = (
+        config.max_num_batched_tokens,
+        max(config.max_num_batched_tokens, config.max_model_len),
+    )
     fcfs, prio = SchedulingPolicy.FCFS, SchedulingPolicy.PRIORITY
+
+    def arm(
+        name: str, policy: SchedulingPolicy, chunked: bool, budget: int
+    ) -> tuple[str, SchedulerConfig]:
+        return name, dataclasses.replace(
+            config,
+            scheduling_policy=policy,
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=budget,
+        )
+
     return [
-        (
-            f"FCFS, chunked prefill, {config.max_num_batched_tokens}-token steps",
-            dataclasses.replace(config, scheduling_policy=fcfs, enable_chunked_prefill=True),
-        ),
-        (
-            "FCFS, chunked prefill off",
-            dataclasses.replace(
-                config,
-                scheduling_policy=fcfs,
-                enable_chunked_prefill=False,
-                max_num_batched_tokens=whole,
-            ),
-        ),
-        (
-            "FCFS, chunked prefill, 512-token steps",
-            dataclasses.replace(
-                config,
-                scheduling_policy=fcfs,
-                enable_chunked_prefill=True,
-                max_num_batched_tokens=512,
-            ),
-        ),
-        (
-            "priority (chat -10), chunked prefill",
-            dataclasses.replace(config, scheduling_policy=prio, enable_chunked_prefill=True),
-        ),
-        (
-            "priority (chat -10), chunked prefill off",
-            dataclasses.replace(
-                config,
-                scheduling_policy=prio,
-                enable_chunked_prefill=False,
-                max_num_batched_tokens=whole,
-            ),
-        ),
+        arm(f"FCFS, chunked prefill, {steps}-token steps", fcfs, True, steps),
+        arm("FCFS, chunked prefill off", fcfs, False, whole),
+        arm("FCFS, chunked prefill, 512-token steps", fcfs, True, 512),
+        arm("priority (chat -10), chunked prefill", prio, True, steps),
+        arm("priority (chat -10), chunked prefill off", prio, False, whole),
     ]
 
 

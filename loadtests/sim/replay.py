@@ -22,8 +22,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadtests.sim.engine import SimEngine
-from loadtests.sim.harness import (
+from loadtests.sim.drivers import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
     ProxyFront,
@@ -32,7 +31,8 @@ from loadtests.sim.harness import (
     engine_priority,
 )
 from loadtests.sim.profile import StepCost
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_loop import SimEngine
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig

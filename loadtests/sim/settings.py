@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from loadtests.sim.profile import Profile
 from loadtests.sim.queues import SchedulingPolicy
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_scheduler import SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,18 +18,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtests.sim.engine import SimEngine
-from loadtests.sim.harness import (
-    BATCH_PRIORITY,
-    INTERACTIVE_PRIORITY,
-    ProxyFront,
-    Recorder,
-    RequestRecord,
-    engine_priority,
-)
+from loadtests.markdown import markdown_table
+from loadtests.sim.drivers import ProxyFront, Recorder, RequestRecord, engine_priority
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_loop import SimEngine
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
@@ -37,8 +31,6 @@ from proxy.scheduler import Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import percentile
 
 __all__ = [
-    "BATCH_PRIORITY",
-    "INTERACTIVE_PRIORITY",
     "ArmResult",
     "MixedWorkload",
     "evaluation_arms",
@@ -235,18 +227,21 @@ def _fmt(seconds: float) -> str:
 
 
 def evaluation_table(results: list[ArmResult]) -> str:
-    lines = [
-        "| arm | TTFT p50 | TTFT p95 | TTFT p99 | gap p95 | chat done p50 | chat done p95 "
-        "| batch docs/hour |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.name} | {_fmt(r.ttft_p50)} | {_fmt(r.ttft_p95)} | {_fmt(r.ttft_p99)} "
-            f"| {_fmt(r.gap_p95)} | {_fmt(r.chat_done_p50)} | {_fmt(r.chat_done_p95)} "
-            f"| {r.batch_docs_per_hour:,.0f} |"
-        )
-    return "\n".join(lines)
+    header = ["arm", "TTFT p50", "TTFT p95", "TTFT p99", "gap p95", "chat done p50"]
+    header += ["chat done p95", "batch docs/hour"]
+    return markdown_table(
+        header,
+        (
+            [
+                r.name,
+                *(_fmt(s) for s in (r.ttft_p50, r.ttft_p95, r.ttft_p99, r.gap_p95)),
+                _fmt(r.chat_done_p50),
+                _fmt(r.chat_done_p95),
+                f"{r.batch_docs_per_hour:,.0f}",
+            ]
+            for r in results
+        ),
+    )
 
 
 def verdict(results: list[ArmResult], ttft_target_s: float) -> list[str]:

@@ -14,8 +14,8 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 
-from loadtests.sim.engine import SimEngine, StepPlan, StepResult
 from loadtests.sim.request import SimRequest
+from loadtests.sim.step_loop import SimEngine, StepPlan, StepResult
 from proxy.clock import VirtualClock
 
 StepListener = Callable[[SimEngine, StepResult], None]

@@ -12,11 +12,6 @@
 
 from __future__ import annotations
 
-import json
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +37,16 @@ from proxy.scheduler import (
     Scheduler,
     TrafficClass,
 )
+from tests.support import MODEL
+from tests.support.processes import (
+    LOOPBACK,
+    free_port,
+    logged_child,
+    loopback_url,
+    serve_command,
+    sim_command,
+    wait_until_ok,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
 
@@ -57,7 +62,6 @@ CHAT_REQUESTS = 2
 HELD_BATCH_REQUESTS = 2
 CHAT_WORDS = 2400
 SWITCH_WITHIN_S = 1.0
-MODEL = "tiny"
 
 PROXY_OPTIONS: dict[str, Any] = {
     "scrape_interval_s": 0.1,
@@ -66,46 +70,6 @@ PROXY_OPTIONS: dict[str, Any] = {
 }
 
 # -- servers: real child processes on loopback ports -------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def child(name: str, args: Sequence[str], logs: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m proxy ARGS`` with its output in ``logs/NAME.log``; on exit,
-    SIGINT, then SIGKILL if it does not stop within 5 s."""
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", *args]
-    with (logs / f"{name}.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
-
-
-def wait_ok(url: str, process: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
-    """Poll ``url`` until it answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited early ({process.returncode}); see artifacts/browser")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} not ready at {url} within {timeout} s")
 
 
 @dataclass(frozen=True)
@@ -124,19 +88,18 @@ def run_stack(
     """``whoseturn sim --profile cpu-tiny SIM_FLAGS``, then ``whoseturn serve`` in
     front of it (engine ``engine-0``); yields once both are ready."""
     sim_port, proxy_port = free_port(), free_port()
-    sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
+    sim_url, proxy_url = loopback_url(sim_port), loopback_url(proxy_port)
     engine = {"url": sim_url, "name": "engine-0", "models": [MODEL]}
-    config = {"host": "127.0.0.1", "port": proxy_port, **proxy_options, "engines": [engine]}
-    config_file = tmp / "whoseturn.yaml"
-    config_file.write_text(json.dumps(config))  # JSON is YAML
-    sim_args = ["sim", "--profile", "cpu-tiny", "--served-model-name", MODEL]
+    sim_command_line = sim_command("--port", str(sim_port), *sim_flags)
+    proxy_command_line = serve_command(
+        tmp / "whoseturn.yaml", port=proxy_port, engines=[engine], host=LOOPBACK, **proxy_options
+    )
     with ExitStack() as stack:
-        sim = stack.enter_context(
-            child("sim", [*sim_args, "--port", str(sim_port), *sim_flags], logs)
-        )
-        wait_ok(f"{sim_url}/health", sim, "whoseturn sim")
-        proxy = stack.enter_context(child("proxy", ["serve", "--config", str(config_file)], logs))
-        wait_ok(f"{proxy_url}/readyz", proxy, "whoseturn serve")
+        sim = stack.enter_context(logged_child("sim", sim_command_line, logs, grace_s=5))
+        wait_until_ok(f"{sim_url}/health", process=sim.process, what=f"whoseturn sim ({sim.log})")
+        proxy = stack.enter_context(logged_child("proxy", proxy_command_line, logs, grace_s=5))
+        what = f"whoseturn serve ({proxy.log})"
+        wait_until_ok(f"{proxy_url}/readyz", process=proxy.process, what=what)
         yield Stack(sim_url=sim_url, proxy_url=proxy_url, engine="engine-0")
 
 

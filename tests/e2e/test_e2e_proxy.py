@@ -15,9 +15,15 @@ from typing import Any
 
 import openai
 import pytest
-from integration.proxyserver import ProxyServer, data_lines, post_raw
-from integration.simserver import MODEL, Served
 from openai.types.chat import ChatCompletionMessageParam
+
+from tests.integration.proxyserver import ProxyServer
+from tests.support import MODEL
+from tests.support.http import data_lines, post_raw
+from tests.support.openai_api import json_shape as shape
+from tests.support.openai_api import streamed_completion
+from tests.support.openai_api import token_count as tokenize
+from tests.support.served import Served
 
 from .vllmserver import STARTUP_ALLOWANCE_S, VllmServer, proxy_in_front
 
@@ -49,21 +55,6 @@ TOO_LONG = "word " * 9000
 def proxy(vllm: VllmServer) -> Iterator[ProxyServer]:
     with proxy_in_front(vllm) as server:
         yield server
-
-
-def tokenize(vllm: VllmServer, body: dict[str, Any]) -> int:
-    response = vllm.http.post("/tokenize", json={"model": MODEL, **body})
-    assert response.status_code == 200, response.text
-    return int(response.json()["count"])
-
-
-def shape(value: Any) -> Any:
-    """The keys of a JSON value, recursively (lists by their items' shapes)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shape(v) for v in value]
-    return type(value).__name__
 
 
 def substance(value: Any) -> Any:
@@ -136,15 +127,7 @@ def test_chat_streamed_with_and_without_usage(vllm: VllmServer, proxy: ProxyServ
 def test_completion_whole_and_streamed(vllm: VllmServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
         raw = client.completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=5)
-        streamed = list(
-            client.completions.create(
-                model=MODEL,
-                prompt=PROMPT,
-                max_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        streamed = streamed_completion(client, PROMPT, 5)
     whole = raw.parse()
     prompt_tokens = tokenize(vllm, {"prompt": PROMPT})
     assert raw.headers["x-whoseturn-engine"] == "vllm-0"

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from integration.proxyserver import ProxyServer, engine, run_proxy
-from integration.simserver import Served
 
 from loadtests.vllm import READY_TIMEOUT_S, REPO, STOP_TIMEOUT_S, VllmProcess, start_vllm
+from tests.integration.proxyserver import ProxyServer, engine, run_proxy
+from tests.support.served import Served
 
 LOG_DIR = REPO / "artifacts" / "e2e"
 # A test that may start a server gets this much time on top of its own.

@@ -16,6 +16,14 @@ def sim() -> Iterator[SimServer]:
         yield server
 
 
+@pytest.fixture
+def slow_sim() -> Iterator[SimServer]:
+    """A simulated engine in real time: a long answer is still running when a test
+    hangs up, and the engine does nothing but the request under test."""
+    with run_server(sim_settings(time_scale=1.0)) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def shared_sim() -> Iterator[SimServer]:
     """One simulated engine for a whole module, for tests that do not read metrics."""

@@ -1,7 +1,7 @@
 """The proxy on a real loopback socket, and simulated engines that can be killed.
 
-:func:`run_proxy` serves :func:`proxy.api.app.create_app` with the helper that
-serves the simulated engine (:func:`.simserver.serve_app`); :func:`spawn_sim` runs
+:func:`run_proxy` serves :func:`proxy.api.app.create_app` in a background thread
+(:func:`tests.support.served.serve_app`); :func:`spawn_sim` runs
 ``whoseturn sim`` as a child process, so that a test can kill an engine the hard
 way (``SIGKILL``: its sockets close under the proxy mid-stream), and
 :func:`spawn_proxy` runs ``whoseturn serve`` (for measurements that should not
@@ -10,12 +10,8 @@ share a process, and its interpreter lock, with the load generator).
 
 from __future__ import annotations
 
-import json
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,8 +21,16 @@ import httpx
 
 from proxy.api.app import create_app
 from proxy.config import Settings, settings_from_dict
-
-from .simserver import MODEL, Served, serve_app
+from tests.support import MODEL
+from tests.support.processes import (
+    free_port,
+    loopback_url,
+    running,
+    sim_command,
+    wait_until_ok,
+    whoseturn_command,
+)
+from tests.support.served import Served, serving
 
 # Upstream connections must fail fast in tests, and the engines' health is
 # checked often; each test overrides what it needs.
@@ -50,10 +54,7 @@ def run_proxy(engines: Sequence[dict[str, Any]], **options: Any) -> Iterator[Pro
     ``options`` are top-level settings (``health_interval_s=0.1`` ...).
     """
     settings = settings_from_dict({**PROXY_DEFAULTS, **options, "engines": list(engines)})
-    with (
-        serve_app(create_app(settings), "the proxy") as (base_url, port),
-        httpx.Client(base_url=base_url, timeout=10) as http,
-    ):
+    with serving(create_app(settings), "the proxy") as (base_url, port, http):
         yield ProxyServer(base_url=base_url, port=port, http=http, settings=settings)
 
 
@@ -70,24 +71,11 @@ class Process(Served):
             self.process.wait(5)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def closed_port_url() -> str:
-    """A loopback URL where nothing listens (connections are refused)."""
-    return f"http://127.0.0.1:{free_port()}"
-
-
 @contextmanager
 def spawn_sim(*flags: str, time_scale: float = 20.0) -> Iterator[Process]:
     """Run ``whoseturn sim --profile cpu-tiny --served-model-name tiny FLAGS`` until
     the ``with`` body ends (or :meth:`Process.kill`)."""
-    args = ["sim", "--profile", "cpu-tiny", "--served-model-name", MODEL]
-    args += ["--time-scale", str(time_scale), *flags]
-    with _spawn(args, "/health") as process:
+    with _spawn(sim_command("--time-scale", str(time_scale), *flags), "/health") as process:
         yield process
 
 
@@ -95,65 +83,21 @@ def spawn_sim(*flags: str, time_scale: float = 20.0) -> Iterator[Process]:
 def spawn_proxy(*engine_urls: str) -> Iterator[Process]:
     """Run ``whoseturn serve --engine URL ...`` until the ``with`` body ends; it is
     ready once ``/readyz`` answers 200 (an engine passed a health check)."""
-    args = ["serve", *(f"--engine={url}" for url in engine_urls)]
-    with _spawn(args, "/readyz") as process:
+    command = whoseturn_command("serve", *(f"--engine={url}" for url in engine_urls))
+    with _spawn(command, "/readyz") as process:
         yield process
 
 
 @contextmanager
-def _spawn(args: list[str], ready_path: str) -> Iterator[Process]:
+def _spawn(command: list[str], ready_path: str) -> Iterator[Process]:
     port = free_port()
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", *args]
-    command += ["--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=base_url, timeout=10) as http:
-            _wait_ready(http, process, ready_path)
-            yield Process(base_url=base_url, port=port, http=http, process=process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-
-
-def _wait_ready(http: httpx.Client, process: subprocess.Popen[bytes], path: str) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited early ({process.returncode})")
-        try:
-            if http.get(path, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(f"{process.args}: {path} never answered 200")
-
-
-def post_raw(port: int, path: str, body: dict[str, Any]) -> socket.socket:
-    """Send a request on a bare socket and return the socket, unread (close it to
-    hang up)."""
-    data = json.dumps(body).encode()
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(head + data)
-    return sock
-
-
-def data_lines(response: httpx.Response) -> Iterator[str]:
-    """The ``data:`` payloads of an SSE response, as they arrive.
-
-    Keep the iterator while the stream should stay open: one dropped half-read
-    is closed by the garbage collector, and with it the response.
-    """
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield line.removeprefix("data: ")
+    base_url = loopback_url(port)
+    with (
+        running([*command, "--port", str(port)]) as process,
+        httpx.Client(base_url=base_url, timeout=10) as http,
+    ):
+        what = " ".join(command)
+        wait_until_ok(
+            base_url + ready_path, process=process, what=what, timeout_s=20, interval_s=0.02
+        )
+        yield Process(base_url=base_url, port=port, http=http, process=process)

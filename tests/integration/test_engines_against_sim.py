@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
@@ -11,8 +10,9 @@ import pytest
 from proxy.config import EngineConfig, Settings
 from proxy.engines import EngineHTTPError, EnginePool, make_http_client
 from proxy.scheduler import EngineLoad
+from tests.support.polling import wait_until
 
-from .simserver import MODEL, SimServer, run_server, sim_settings
+from .simserver import MODEL, SimServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -21,22 +21,6 @@ MESSAGES = [
     {"role": "user", "content": "Whose turn is it, and why?"},
 ]
 ABORT_WITHIN_S = 0.1
-
-
-@pytest.fixture
-def slow_sim() -> Iterator[SimServer]:
-    """Real time, so a long answer is still running when the test hangs up."""
-    with run_server(sim_settings(time_scale=1.0)) as server:
-        yield server
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll the engine (in its own thread) without blocking the event loop for long."""
-    with anyio.fail_after(timeout_s):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.002)
 
 
 def settings_for(sim: SimServer) -> Settings:

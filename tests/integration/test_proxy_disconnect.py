@@ -4,7 +4,7 @@ that leaves while queued in the proxy never reaches the engine at all."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -12,8 +12,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .proxyserver import ProxyServer, data_lines, engine, post_raw, run_proxy
-from .simserver import MODEL, SimServer, run_server, sim_settings
+from tests.support.http import data_lines, post_raw
+
+from .proxyserver import ProxyServer, engine, run_proxy
+from .simserver import MODEL, SimServer, abort_latencies
 
 pytestmark = pytest.mark.integration
 
@@ -26,16 +28,6 @@ CHAT = {"model": MODEL, "messages": MESSAGES}
 TEXT = {"model": MODEL, "prompt": "tell me everything"}
 
 
-@pytest.fixture
-def slow_sim() -> Iterator[SimServer]:
-    with run_server(sim_settings(time_scale=1.0)) as server:
-        yield server
-
-
-def running(sim: SimServer) -> float:
-    return sim.metric("vllm:num_requests_running")
-
-
 def engine_requests(sim: SimServer) -> float:
     """Requests the engine has finished, for any reason (aborts included)."""
     return sim.metric("vllm:request_success_total")
@@ -44,17 +36,9 @@ def engine_requests(sim: SimServer) -> float:
 def assert_aborts_quickly(sim: SimServer, proxy: ProxyServer, leave: Callable[[], float]) -> None:
     """``leave()`` makes a request through the proxy, leaves it while the engine
     runs it, and returns the time it left; the engine must drop it within
-    ``ABORT_WITHIN_S``.
-
-    Tried up to ``TRIES`` times: on two shared cores a latency bound is missed now
-    and then from CPU starvation alone, while an abort that is missing or waits for
-    something (the next token, a timeout) misses it every time.
-    """
-    latencies: list[float] = []
-    while len(latencies) < TRIES and (not latencies or latencies[-1] >= ABORT_WITHIN_S):
-        left_at = leave()
-        sim.wait_for(lambda: running(sim) == 0, timeout=2)
-        latencies.append(time.monotonic() - left_at)
+    ``ABORT_WITHIN_S`` (tried up to ``TRIES`` times, see
+    :func:`.simserver.abort_latencies`)."""
+    latencies = abort_latencies(sim, leave, within_s=ABORT_WITHIN_S, tries=TRIES)
     shown = ", ".join(f"{t * 1000:.0f}" for t in latencies)
     print(f"engine dropped the request {shown} ms after the client left")
     assert latencies[-1] < ABORT_WITHIN_S, f"the engine kept the request {shown} ms"
@@ -82,7 +66,7 @@ def test_closing_a_stream_aborts_the_engines_request(
                 assert response.status_code == 200
                 events = data_lines(response)
                 next(events), next(events)
-                assert running(slow_sim) == 1
+                assert slow_sim.requests_running() == 1
             return time.monotonic()
 
         assert_aborts_quickly(slow_sim, proxy, leave)
@@ -111,7 +95,7 @@ def test_a_whole_answer_client_that_hangs_up_aborts_the_engines_request(
         def leave() -> float:
             sock = post_raw(proxy.port, "/v1/completions", {**TEXT, **LONG})
             try:
-                slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+                slow_sim.wait_for(lambda: slow_sim.requests_running() == 1, timeout=2)
                 time.sleep(0.05)
             finally:
                 sock.close()
@@ -146,9 +130,9 @@ def test_a_client_that_leaves_while_queued_in_the_proxy_never_reaches_the_engine
             proxy.wait_for(lambda: proxy.metric("whoseturn_queue_depth", **depth) == 0, 1)
             cancelled = {"class": cls, "outcome": "cancelled"}
             assert proxy.metric("whoseturn_requests_total", **cancelled) == 1
-            assert running(slow_sim) == 1
+            assert slow_sim.requests_running() == 1
             assert slow_sim.metric("vllm:num_requests_waiting") == 0
-        slow_sim.wait_for(lambda: running(slow_sim) == 0, timeout=2)
+        slow_sim.wait_for(lambda: slow_sim.requests_running() == 0, timeout=2)
         # Only the first request ever reached the engine (and was aborted there).
         assert engine_requests(slow_sim) == 1
         assert slow_sim.metric("vllm:request_success_total", finished_reason="abort") == 1

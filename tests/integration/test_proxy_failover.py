@@ -16,7 +16,9 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from .proxyserver import Process, ProxyServer, data_lines, engine, run_proxy, spawn_sim
+from tests.support.http import data_lines
+
+from .proxyserver import Process, ProxyServer, engine, run_proxy, spawn_sim
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
 pytestmark = pytest.mark.integration

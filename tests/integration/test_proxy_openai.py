@@ -10,7 +10,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .proxyserver import ProxyServer, closed_port_url, data_lines, engine, run_proxy
+from tests.support.http import data_lines
+from tests.support.openai_api import json_shape, streamed_chat, streamed_completion, token_count
+from tests.support.processes import closed_port_url
+
+from .proxyserver import ProxyServer, engine, run_proxy
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
 pytestmark = pytest.mark.integration
@@ -44,21 +48,6 @@ def proxy(pair: tuple[SimServer, ProxyServer]) -> ProxyServer:
     return pair[1]
 
 
-def tokenize_count(sim: SimServer, body: dict[str, Any]) -> int:
-    response = sim.http.post("/tokenize", json={"model": MODEL, **body})
-    assert response.status_code == 200
-    return int(response.json()["count"])
-
-
-def shape(value: Any) -> Any:
-    """The keys of a JSON value, recursively (lists by their items' shapes)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shape(v) for v in value]
-    return type(value).__name__
-
-
 def without(body: dict[str, Any], keys: set[str]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in keys}
 
@@ -80,21 +69,13 @@ def test_chat_whole(sim: SimServer, proxy: ProxyServer) -> None:
     assert reply.choices[0].message.content is not None
     assert len(reply.choices[0].message.content.split()) == 6
     assert reply.usage is not None
-    assert reply.usage.prompt_tokens == tokenize_count(sim, {"messages": MESSAGES})
+    assert reply.usage.prompt_tokens == token_count(sim, {"messages": MESSAGES})
     assert reply.usage.completion_tokens == 6
 
 
 def test_chat_streamed_with_and_without_usage(sim: SimServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
-        with_usage = list(
-            client.chat.completions.create(
-                model=MODEL,
-                messages=MESSAGES,
-                max_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        with_usage = streamed_chat(client, MESSAGES, max_tokens=5)
         plain = list(
             client.chat.completions.create(
                 model=MODEL, messages=MESSAGES, max_tokens=5, stream=True
@@ -105,7 +86,7 @@ def test_chat_streamed_with_and_without_usage(sim: SimServer, proxy: ProxyServer
     assert [c.choices[0].finish_reason for c in tokens][-1] == "length"
     assert last.choices == []
     assert last.usage is not None and last.usage.completion_tokens == 5
-    assert last.usage.prompt_tokens == tokenize_count(sim, {"messages": MESSAGES})
+    assert last.usage.prompt_tokens == token_count(sim, {"messages": MESSAGES})
     # The proxy asks the engine for usage always, and keeps it from clients that did not.
     assert all(c.choices and c.usage is None for c in plain)
     text = "".join(c.choices[0].delta.content or "" for c in plain)
@@ -116,18 +97,10 @@ def test_chat_streamed_with_and_without_usage(sim: SimServer, proxy: ProxyServer
 def test_text_completion_whole_and_streamed(sim: SimServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
         whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3)
-        chunks = list(
-            client.completions.create(
-                model=MODEL,
-                prompt=PROMPT,
-                max_tokens=3,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_completion(client, PROMPT, 3)
     assert whole.object == "text_completion"
     assert whole.usage is not None
-    assert whole.usage.prompt_tokens == tokenize_count(sim, {"prompt": PROMPT})
+    assert whole.usage.prompt_tokens == token_count(sim, {"prompt": PROMPT})
     assert whole.usage.completion_tokens == 3
     *tokens, last = chunks
     assert [c.choices[0].finish_reason for c in tokens] == [None, None, "length"]
@@ -150,7 +123,7 @@ def test_assembled_body_has_the_engines_shape(
     proxied = proxy.http.post(path, json=request)
     assert direct.status_code == proxied.status_code == 200
     assert proxied.headers["content-type"] == direct.headers["content-type"]
-    assert shape(proxied.json()) == shape(direct.json())
+    assert json_shape(proxied.json()) == json_shape(direct.json())
     # The sim answers the same request the same way: all but ids and times agree.
     assert without(proxied.json(), VOLATILE) == without(direct.json(), VOLATILE)
 

@@ -8,7 +8,9 @@ import anyio
 import httpx
 import pytest
 
-from .simserver import parse_metrics, run_server, sim_settings
+from loadtests.engine_io import labelled_samples
+
+from .simserver import run_server, sim_settings
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +34,7 @@ async def first_token_seconds(client: httpx.AsyncClient) -> float:
 
 
 async def requests_in_engine(client: httpx.AsyncClient) -> float:
-    samples = parse_metrics((await client.get("/metrics")).text)
+    samples = labelled_samples((await client.get("/metrics")).text)
     return sum(
         value
         for (name, _), value in samples.items()

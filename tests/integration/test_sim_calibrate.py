@@ -13,21 +13,18 @@ interpreter lock (or garbage-collection pauses) with the other or with pytest.
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from loadtests.sim.profile import StepCost, load_profile
 from proxy.cli import main
+from tests.support import MODEL
+from tests.support.processes import whoseturn_command
 
-from .proxyserver import free_port
-from .simserver import MODEL
+from .proxyserver import spawn_sim
 
 pytestmark = pytest.mark.integration
 
@@ -39,34 +36,13 @@ BUDGET = 512
 def sim_url() -> Iterator[str]:
     """``whoseturn sim`` in a process of its own: a test process that has run many
     tests pauses for garbage collection long enough to blur a 2 ms step."""
-    port = free_port()
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim"]
-    command += ["--profile", "cpu-tiny", "--time-scale", str(TIME_SCALE), "--port", str(port)]
-    command += ["--max-num-batched-tokens", str(BUDGET), "--max-model-len", "4096"]
-    command += ["--served-model-name", MODEL]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while not _healthy(url):
-            assert process.poll() is None, "the simulated engine exited early"
-            assert time.monotonic() < deadline, "the simulated engine did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.communicate(timeout=15)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
+    flags = ("--max-num-batched-tokens", str(BUDGET), "--max-model-len", "4096")
+    with spawn_sim(*flags, time_scale=TIME_SCALE) as sim:
+        yield sim.base_url
 
 
 def calibrate(url: str, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim", "calibrate"]
+    command = whoseturn_command("sim", "calibrate")
     command += ["--engine", url, "--out", str(out), "--name", "fitted"]
     command += ["--max-num-batched-tokens", str(BUDGET)]
     done = subprocess.run(

@@ -4,46 +4,24 @@ before a subcommand reach it."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from proxy.cli import main
+from tests.support.processes import free_port, loopback_url, sim_command, wait_until_ok
 
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the server exited early"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url}/health never answered 200")
-
-
 def test_sim_command_serves_until_interrupted() -> None:
     port = free_port()
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim"]
-    command += ["--profile", "cpu-tiny", "--port", str(port), "--time-scale", "20"]
+    command = sim_command("--port", str(port), "--time-scale", "20")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, process)
+        url = loopback_url(port)
+        wait_until_ok(f"{url}/health", process=process, what="whoseturn sim", timeout_s=20)
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert reply.json()["usage"]["completion_tokens"] == 2
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "tiny"

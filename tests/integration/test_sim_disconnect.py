@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -14,8 +13,9 @@ import pytest
 from starlette.types import Message
 
 from loadtests.sim.server import SimState, create_sim_app
+from tests.support.http import post_raw
 
-from .simserver import SimServer, run_server, sim_settings
+from .simserver import SimServer, abort_latencies, sim_settings
 
 pytestmark = pytest.mark.integration
 
@@ -25,41 +25,11 @@ ABORT_WITHIN_S = 0.1
 TRIES = 3
 
 
-@pytest.fixture
-def slow_sim() -> Iterator[SimServer]:
-    with run_server(sim_settings(time_scale=1.0)) as server:
-        yield server
-
-
-def running(sim: SimServer) -> float:
-    return sim.metric("vllm:num_requests_running")
-
-
-def post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
-    """Send a request on a bare socket and return it, unread."""
-    data = json.dumps(body).encode()
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(head + data)
-    return sock
-
-
 def assert_aborts_quickly(sim: SimServer, leave: Callable[[], float]) -> None:
     """``leave()`` starts a request, hangs up while the engine runs it, and returns
-    when it hung up; the engine must drop it within ``ABORT_WITHIN_S``.
-
-    Tried up to ``TRIES`` times: on two shared cores the bound is missed now and
-    then from CPU starvation alone, while an abort that is missing or waits for
-    something (the next token, a timeout) misses it every time.
-    """
-    latencies: list[float] = []
-    while len(latencies) < TRIES and (not latencies or latencies[-1] >= ABORT_WITHIN_S):
-        closed_at = leave()
-        sim.wait_for(lambda: running(sim) == 0, timeout=2)
-        latencies.append(time.monotonic() - closed_at)
+    when it hung up; the engine must drop it within ``ABORT_WITHIN_S`` (tried up to
+    ``TRIES`` times, see :func:`.simserver.abort_latencies`)."""
+    latencies = abort_latencies(sim, leave, within_s=ABORT_WITHIN_S, tries=TRIES)
     shown = ", ".join(f"{t * 1000:.0f}" for t in latencies)
     assert latencies[-1] < ABORT_WITHIN_S, f"the engine kept the request {shown} ms"
     assert sim.metric("vllm:num_requests_waiting") == 0
@@ -83,7 +53,7 @@ def test_closing_a_stream_aborts_the_request(
                 events = (line for line in response.iter_lines() if line.startswith("data: "))
                 for _ in range(3):
                     next(events)
-                assert running(slow_sim) == 1
+                assert slow_sim.requests_running() == 1
             return time.monotonic()
 
     assert_aborts_quickly(slow_sim, leave)
@@ -93,9 +63,9 @@ def test_hanging_up_on_a_whole_answer_aborts_the_request(slow_sim: SimServer) ->
     def leave() -> float:
         sock = post_raw(slow_sim.port, "/v1/chat/completions", {**CHAT, **LONG})
         try:
-            slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+            slow_sim.wait_for(lambda: slow_sim.requests_running() == 1, timeout=2)
             time.sleep(0.05)
-            assert running(slow_sim) == 1
+            assert slow_sim.requests_running() == 1
         finally:
             sock.close()
         return time.monotonic()
@@ -109,7 +79,7 @@ def test_hanging_up_while_queued_aborts_the_waiting_request(slow_sim: SimServer)
         slow_sim.port, "/v1/completions", {"prompt": list(range(100, 2100)), "max_tokens": 40}
     )
     try:
-        slow_sim.wait_for(lambda: running(slow_sim) == 1, timeout=2)
+        slow_sim.wait_for(lambda: slow_sim.requests_running() == 1, timeout=2)
         second = post_raw(slow_sim.port, "/v1/completions", {"prompt": "me next", "max_tokens": 5})
         slow_sim.wait_for(lambda: slow_sim.metric("vllm:num_requests_waiting") == 1, timeout=1)
         second.close()
@@ -117,10 +87,10 @@ def test_hanging_up_while_queued_aborts_the_waiting_request(slow_sim: SimServer)
         slow_sim.wait_for(lambda: slow_sim.metric("vllm:num_requests_waiting") == 0, timeout=1)
         assert time.monotonic() - closed_at < ABORT_WITHIN_S
         assert slow_sim.metric("vllm:request_success_total", finished_reason="abort") == 1
-        assert running(slow_sim) == 1
+        assert slow_sim.requests_running() == 1
     finally:
         first.close()
-    slow_sim.wait_for(lambda: running(slow_sim) == 0, timeout=1)
+    slow_sim.wait_for(lambda: slow_sim.requests_running() == 0, timeout=1)
 
 
 @pytest.mark.anyio

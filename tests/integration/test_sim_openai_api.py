@@ -7,6 +7,8 @@ import json
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.support.openai_api import streamed_chat, streamed_completion
+
 from .simserver import MODEL, SimServer, run_server, sim_settings
 
 pytestmark = pytest.mark.integration
@@ -44,15 +46,7 @@ def test_chat_completion_whole(sim: SimServer) -> None:
 
 def test_chat_completion_streamed_with_usage(sim: SimServer) -> None:
     with sim.openai() as client:
-        chunks = list(
-            client.chat.completions.create(
-                model=MODEL,
-                messages=MESSAGES,
-                max_completion_tokens=5,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_chat(client, MESSAGES, max_completion_tokens=5)
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
     assert len({c.id for c in chunks}) == 1
     first, *tokens, last = chunks
@@ -82,15 +76,7 @@ def test_text_completion_whole_and_streamed(sim: SimServer) -> None:
     prompt = "The batch waits; the chat goes first."
     with sim.openai() as client:
         whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
-        chunks = list(
-            client.completions.create(
-                model=MODEL,
-                prompt=prompt,
-                max_tokens=3,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_completion(client, prompt, 3)
     assert whole.object == "text_completion"
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage is not None

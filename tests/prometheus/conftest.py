@@ -11,12 +11,9 @@ them. Logs go to ``artifacts/prometheus/``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +26,16 @@ import httpx
 import pytest
 import yaml
 
+from tests.support import MODEL
+from tests.support.processes import (
+    Child,
+    free_port,
+    logged_child,
+    loopback_url,
+    serve_command,
+    sim_command,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "prometheus"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -36,7 +43,6 @@ EXAMPLE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "dashboards" / "whoseturn.json"
 RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yml"
 
-MODEL = "tiny"
 ENGINE = "engine-a"
 TIME_SCALE = 20.0
 LOAD_S = 6.0
@@ -53,48 +59,6 @@ def tool(name: str) -> str:
             pytrace=False,
         )
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Child:
-    """A child process whose output goes to a log file under ``artifacts/``."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace").splitlines()
-        return f"--- {self.name} log ({self.log}) ---\n" + "\n".join(text[-lines:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"{self.name} exited ({self.process.returncode})\n{self.tail()}")
-
-
-@contextmanager
-def child(name: str, command: list[str]) -> Iterator[Child]:
-    """Run ``command`` until the ``with`` body ends: SIGINT, then SIGKILL after 10 s."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = ARTIFACTS / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            yield Child(name, process, log)
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
 
 
 def wait_until(what: str, ready: Callable[[], bool], timeout: float, *children: Child) -> None:
@@ -124,11 +88,9 @@ def answers(url: str, path: str) -> bool:
 @contextmanager
 def run_sim() -> Iterator[str]:
     port = free_port()
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "sim"]
-    command += ["--profile", "cpu-tiny", "--served-model-name", MODEL]
-    command += ["--port", str(port), "--time-scale", str(TIME_SCALE)]
-    with child("sim", command) as sim:
-        url = f"http://127.0.0.1:{port}"
+    command = sim_command("--port", str(port), "--time-scale", str(TIME_SCALE))
+    with logged_child("sim", command, ARTIFACTS, cwd=ROOT) as sim:
+        url = loopback_url(port)
         wait_until("whoseturn sim answering /health", lambda: answers(url, "/health"), 30, sim)
         yield url
 
@@ -137,25 +99,12 @@ def run_sim() -> Iterator[str]:
 def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
     """``whoseturn serve`` with a small prefill budget, so batch is held at times."""
     port = free_port()
-    config = {
-        "port": port,
-        "health_interval_s": 0.2,
-        "scrape_interval_s": 0.2,
-        "engines": [
-            {
-                "url": engine_url,
-                "name": ENGINE,
-                "models": [MODEL],
-                "budget": {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096},
-            }
-        ],
-    }
-    path = workdir / "whoseturn.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "proxy", "--log-level", "warning", "serve"]
-    command += ["--config", str(path)]
-    with child("proxy", command) as proxy:
-        url = f"http://127.0.0.1:{port}"
+    budget = {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096}
+    engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget}
+    intervals = {"health_interval_s": 0.2, "scrape_interval_s": 0.2}
+    command = serve_command(workdir / "whoseturn.yaml", port=port, engines=[engine], **intervals)
+    with logged_child("proxy", command, ARTIFACTS, cwd=ROOT) as proxy:
+        url = loopback_url(port)
         wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
         yield url
 
@@ -239,8 +188,11 @@ def run_prometheus(proxy_url: str, engine_url: str, workdir: Path) -> Iterator[P
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
-    url = f"http://127.0.0.1:{port}"
-    with child("prometheus", command) as prom, httpx.Client(base_url=url, timeout=5) as http:
+    url = loopback_url(port)
+    with (
+        logged_child("prometheus", command, ARTIFACTS, cwd=ROOT) as prom,
+        httpx.Client(base_url=url, timeout=5) as http,
+    ):
         wait_until("prometheus ready", lambda: answers(url, "/-/ready"), 30, prom)
         server = Prometheus(url, http)
         wait_until("both scrape targets up", server.targets_up, 15, prom)
@@ -250,43 +202,54 @@ def run_prometheus(proxy_url: str, engine_url: str, workdir: Path) -> Iterator[P
 # -- the load -------------------------------------------------------------------------
 
 
+def until_stopped(
+    url: str, stop: threading.Event, timeout: float, send: Callable[[httpx.Client, int], None]
+) -> None:
+    """``send(client, n)`` for n = 1, 2, ... until ``stop`` is set."""
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        for n in itertools.count(1):
+            if stop.is_set():
+                return
+            send(http, n)
+
+
 def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
     """Streaming chat requests on /v1, one after another."""
-    with httpx.Client(base_url=url, timeout=30) as http:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
-            body = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": words}],
-                "max_tokens": 24,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                assert response.status_code == 200, response.read()
-                for _ in response.iter_lines():
-                    pass
-            stop.wait(0.05)
+
+    def send(http: httpx.Client, n: int) -> None:
+        words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": words}],
+            "max_tokens": 24,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200, response.read()
+            for _ in response.iter_lines():
+                pass
+        stop.wait(0.05)
+
+    until_stopped(url, stop, 30, send)
 
 
 def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
     """Long-prompt batch requests on /batch/v1, completions and chat in turn."""
-    with httpx.Client(base_url=url, timeout=60) as http:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
-            if n % 2:
-                path = "/batch/v1/completions"
-                body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}
-            else:
-                path = "/batch/v1/chat/completions"
-                messages = [{"role": "user", "content": text}]
-                body = {"model": MODEL, "messages": messages, "max_tokens": 8}
-            response = http.post(path, json=body)
-            assert response.status_code == 200, response.text
+
+    def send(http: httpx.Client, n: int) -> None:
+        text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
+        if n % 2:
+            path = "/batch/v1/completions"
+            body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}
+        else:
+            path = "/batch/v1/chat/completions"
+            messages = [{"role": "user", "content": text}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 8}
+        response = http.post(path, json=body)
+        assert response.status_code == 200, response.text
+
+    until_stopped(url, stop, 60, send)
 
 
 def drive_mixed_load(url: str, seconds: float) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.probe.calibrate.fit import fit
+from loadtests.engine_io import EngineIOError
+from loadtests.probe.calibrate.cost_fit import fit
 from loadtests.probe.calibrate.measure import Measured, Plan, measure_engine
-from loadtests.probe.calibrate.report import profile_file, report
-from loadtests.probe.calibrate.samples import WindowError
-from loadtests.probe.calibrate.wire import MeasurementError
+from loadtests.probe.calibrate.profile_report import profile_file, report
+from loadtests.probe.calibrate.token_times import WindowError
 
 DEFAULT_BUDGET = 2048
 """vLLM's default ``--max-num-batched-tokens`` for the OpenAI server on CPU."""
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from(args)
     try:
         measured = asyncio.run(_measure(args.engine, plan, args.model))
-    except (httpx.HTTPError, MeasurementError, WindowError) as exc:
+    except (httpx.HTTPError, EngineIOError, WindowError) as exc:
         print(f"whoseturn: calibration against {args.engine} failed: {exc}", file=sys.stderr)
         return 1
     result = fit(measured.measurements)

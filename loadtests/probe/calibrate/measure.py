@@ -1,13 +1,13 @@
-"""Measure an engine: the numbers :mod:`.fit` needs, one thing at a time.
+"""Measure an engine: the numbers :mod:`.cost_fit` needs, one thing at a time.
 
 1. prefills alone, one size after another (``max_tokens`` 1): time to first token at
    the client, or the engine's prefill time;
 2. decode: ``n`` streams started together, at short and at long context; the step
    time while all of them decode (read from the token times, see
-   :func:`~.samples.steady_gap`), or the engine's mean inter-token latency;
+   :func:`~.token_times.steady_gap`), or the engine's mean inter-token latency;
 3. mixed steps: one decode stream running, single-step prefills sent beside it; the
    step that computed the prefill, read from the decode stream's token times
-   (:func:`~.samples.stall_step`), or the engine's prefill time of that request.
+   (:func:`~.token_times.stall_step`), or the engine's prefill time of that request.
 
 A sample that the token times cannot read (tokens delivered in bursts) is dropped
 with a warning; a shape needs one sample to count.
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from loadtests.probe.calibrate.samples import (
+from loadtests.engine_io import EngineInfo, EngineIOError, PromptMaker, TokenLog, engine_info
+from loadtests.probe.calibrate.token_times import (
     Kind,
     Measurement,
     WindowError,
@@ -39,11 +41,7 @@ from loadtests.probe.calibrate.wire import (
     INTER_TOKEN,
     PREFILL_TIME,
     EngineClock,
-    EngineInfo,
     MeasurementError,
-    Prompts,
-    TokenLog,
-    engine_info,
     stream,
     time_to_first_token,
 )
@@ -118,7 +116,7 @@ class Session:
     client: httpx.AsyncClient
     info: EngineInfo
     plan: Plan
-    prompts: Prompts
+    prompts: PromptMaker
     clock: EngineClock | None = None
 
 
@@ -235,7 +233,7 @@ async def _mixed_round(s: Session, sizes: Sequence[int]) -> list[Measurement]:
                 out.append(m)
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, MeasurementError):
+        with contextlib.suppress(asyncio.CancelledError, EngineIOError):
             await task
     return out
 
@@ -288,12 +286,12 @@ async def measure_engine(
 ) -> Measured:
     """Every measurement of ``plan`` against the engine behind ``client``."""
     started = time.perf_counter()
-    info = await engine_info(client, model)
+    info = await engine_info(client, model, cache_config=True)
     session = Session(
         client,
         info,
         plan.within(info.max_model_len),
-        Prompts(client, info.model, seed),
+        PromptMaker(client, info.model, random.Random(seed)),
         EngineClock(client) if plan.engine_clock else None,
     )
     await _warm_up(session)

@@ -21,7 +21,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from loadtests.sim.engine import SimEngine
 from loadtests.sim.server.errors import bad_request, install_error_handlers, model_not_found
 from loadtests.sim.server.inputs import chat_prompt_ids, completion_prompt_ids, engine_input
 from loadtests.sim.server.loop import StepDriver
@@ -47,6 +46,7 @@ from loadtests.sim.server.streaming import (
     sse_events,
 )
 from loadtests.sim.settings import SimSettings
+from loadtests.sim.step_loop import SimEngine
 from proxy.clock import WallClock
 
 logger = logging.getLogger(__name__)
@@ -103,17 +103,13 @@ def _base_request_id(request: Request, body: GenerationRequest) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     state.check_model(body.model)
     prompt_ids = chat_prompt_ids(state.engine.tokenizer, body.messages)
-    base_id = _base_request_id(request, body)
-    meta = ResponseMeta(id=f"chatcmpl-{base_id}", model=state.model)
-    return await _generate(state, request, body, prompt_ids, ChatRenderer(meta), base_id)
+    return await _generate(state, request, body, prompt_ids, ChatRenderer, "chatcmpl")
 
 
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
     state.check_model(body.model)
     prompt_ids = completion_prompt_ids(state.engine.tokenizer, body.prompt)
-    base_id = _base_request_id(request, body)
-    meta = ResponseMeta(id=f"cmpl-{base_id}", model=state.model)
-    return await _generate(state, request, body, prompt_ids, CompletionRenderer(meta), base_id)
+    return await _generate(state, request, body, prompt_ids, CompletionRenderer, "cmpl")
 
 
 async def _generate(
@@ -121,10 +117,13 @@ async def _generate(
     request: Request,
     body: GenerationRequest,
     prompt_ids: list[int],
-    renderer: Renderer,
-    base_id: str,
+    render_with: Callable[[ResponseMeta], Renderer],
+    id_prefix: str,
 ) -> Response:
-    """Run one request in the engine and answer it, streamed or whole."""
+    """Run one request in the engine and answer it, streamed or whole; the answer's
+    id is ``ID_PREFIX-`` and the request id (the caller's, or a fresh one)."""
+    base_id = _base_request_id(request, body)
+    renderer = render_with(ResponseMeta(id=f"{id_prefix}-{base_id}", model=state.model))
     inputs = engine_input(body, prompt_ids, state.settings.scheduler)
     try:
         stream = state.driver.submit(

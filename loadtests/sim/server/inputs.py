@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtests.sim.queues import SchedulingPolicy
-from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.server.errors import bad_request
 from loadtests.sim.server.protocol import ChatCompletionRequest, ChatMessage, GenerationRequest
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.tokenizer import SimTokenizer
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from loadtests.sim.engine import SimEngine, StepResult, TokenEvent
 from loadtests.sim.request import SimRequest
 from loadtests.sim.server.metrics import SimMetrics
+from loadtests.sim.step_loop import SimEngine, StepResult, TokenEvent
 from proxy.clock import WallClock
 
 logger = logging.getLogger(__name__)

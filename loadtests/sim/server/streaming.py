@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from loadtests.sim.engine import TokenEvent
 from loadtests.sim.request import SimRequest
 from loadtests.sim.server.loop import TokenStream
 from loadtests.sim.server.responses import DONE, Json, Renderer, sse, usage
+from loadtests.sim.step_loop import TokenEvent
 
 Decode = Callable[[int], str]
 

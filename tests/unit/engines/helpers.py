@@ -11,6 +11,7 @@ import httpx
 
 from proxy.config import EngineConfig, Settings
 from proxy.engines import make_http_client
+from tests.support.polling import wait_until as wait_until
 
 METRICS_TEXT = (Path(__file__).parent / "data" / "vllm_v1_metrics.txt").read_text()
 
@@ -72,15 +73,6 @@ def answer(status: int = 200, **kwargs: object) -> Responder:
         return httpx.Response(status, **kwargs)  # type: ignore[arg-type]
 
     return respond
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` (state in another thread or task) until it holds."""
-    with anyio.fail_after(timeout_s):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.002)
 
 
 class SlowStream(httpx.AsyncByteStream):

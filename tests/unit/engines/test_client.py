@@ -27,11 +27,6 @@ Call = Callable[[EngineClient], Awaitable[object]]
 
 
 @pytest.fixture
-def fake() -> FakeEngines:
-    return FakeEngines()
-
-
-@pytest.fixture
 async def engine(fake: FakeEngines) -> AsyncIterator[EngineClient]:
     async with fake.client() as http:
         yield EngineClient(engine_config("a"), http, token_cache_size=2)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.sim.scheduler import SchedulerConfig
 from loadtests.sim.server.metrics import SimMetrics
+from loadtests.sim.step_scheduler import SchedulerConfig
 from proxy.engines import parse_load
 from proxy.engines._metrics import MetricsParseError
 from proxy.scheduler import EngineLoad

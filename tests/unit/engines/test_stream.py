@@ -28,11 +28,6 @@ EVENTS = [b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n', b'data: {"n": 3}\n\n']
 
 
 @pytest.fixture
-def fake() -> FakeEngines:
-    return FakeEngines()
-
-
-@pytest.fixture
 async def engine(fake: FakeEngines) -> AsyncIterator[EngineClient]:
     async with fake.client() as http:
         yield EngineClient(engine_config("a"), http)

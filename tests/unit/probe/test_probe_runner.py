@@ -9,10 +9,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from loadtests.engine_io import PromptMaker
 from loadtests.probe.runner import (
     ProbeConfig,
     ProbeError,
-    PromptMaker,
     default_sizes,
     discover,
     measure,

@@ -6,10 +6,10 @@ import itertools
 import random
 from typing import Any
 
-from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.profile import StepCost
 from loadtests.sim.request import SimRequest
-from loadtests.sim.scheduler import (
+from loadtests.sim.step_loop import SimEngine, StepResult
+from loadtests.sim.step_scheduler import (
     EngineScheduler,
     SchedulerConfig,
     SchedulerOutput,

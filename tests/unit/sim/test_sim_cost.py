@@ -6,7 +6,7 @@ import pytest
 
 from loadtests.sim.cost import step_seconds
 from loadtests.sim.profile import StepCost, load_profile
-from loadtests.sim.scheduler import ScheduledChunk, SchedulerOutput
+from loadtests.sim.step_scheduler import ScheduledChunk, SchedulerOutput
 
 from .helpers import drain, make_engine, run_with_arrivals, unique_prompt
 

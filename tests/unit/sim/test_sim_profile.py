@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -158,22 +159,10 @@ positive = st.integers(min_value=1, max_value=1 << 20)
 
 @settings(max_examples=50, deadline=None)
 @given(
-    step=st.builds(
-        StepCost,
-        fixed_s=costs,
-        prefill_per_token_s=costs,
-        decode_per_token_s=costs,
-        prefill_attention_per_token_context_s=costs,
-        decode_per_context_token_s=costs,
-        decode_step_overhead_s=costs,
-    ),
+    # Every field of each: a coefficient added to StepCost is round-tripped too.
+    step=st.builds(StepCost, **{f.name: costs for f in dataclasses.fields(StepCost)}),
     engine=st.builds(
-        EngineDefaults,
-        max_num_batched_tokens=positive,
-        max_num_seqs=positive,
-        max_model_len=positive,
-        block_size=positive,
-        num_gpu_blocks=positive,
+        EngineDefaults, **{f.name: positive for f in dataclasses.fields(EngineDefaults)}
     ),
     text=st.text(min_size=0, max_size=40),
 )

@@ -17,7 +17,7 @@ from loadtests.sim import SimEngine, VirtualClock
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import RequestStatus, SimRequest
-from loadtests.sim.scheduler import SchedulerConfig, SchedulerOutput
+from loadtests.sim.step_scheduler import SchedulerConfig, SchedulerOutput
 
 from .helpers import check_kv_accounting
 

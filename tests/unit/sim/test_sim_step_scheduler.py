@@ -6,7 +6,7 @@ import pytest
 
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import RequestStatus
-from loadtests.sim.scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
+from loadtests.sim.step_scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
 
 from .helpers import chunk_of, make_request, make_scheduler, run_until_idle, step
 

@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtests.probe.calibrate.samples import Kind, Measurement
+from loadtests.probe.calibrate.token_times import Kind, Measurement
 from loadtests.sim.profile import StepCost
 
 OVERHEAD = "request_overhead_s"

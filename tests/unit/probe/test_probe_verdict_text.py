@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from loadtests.engine_io import EngineInfo
 from loadtests.probe.analysis import Analysis, ChunkFrom, Verdict, analyze
-from loadtests.probe.report import render_text, summary, to_json
-from loadtests.probe.result import EngineInfo, ProbeResult
+from loadtests.probe.result import ProbeResult
+from loadtests.probe.verdict_text import render_text, summary, to_json
 
 from .curves import SIZES, Engine, injections
 

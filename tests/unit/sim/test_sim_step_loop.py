@@ -8,7 +8,7 @@ from loadtests.sim import SimEngine, VirtualClock
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.request import RequestStatus
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 
 from .helpers import UNIT_COST, drain, engine_step, make_engine, unique_prompt

@@ -6,10 +6,10 @@ import math
 from collections.abc import Iterable
 from datetime import datetime
 
-from loadtests.probe.calibrate.fit import COLUMNS, OVERHEAD, FitResult
+from loadtests.engine_io import EngineInfo
+from loadtests.probe.calibrate.cost_fit import COLUMNS, OVERHEAD, FitResult
 from loadtests.probe.calibrate.measure import Plan
-from loadtests.probe.calibrate.samples import Kind, Measurement
-from loadtests.probe.calibrate.wire import EngineInfo
+from loadtests.probe.calibrate.token_times import Kind, Measurement
 from loadtests.sim.profile import EngineDefaults, Profile, dump_profile
 
 _UNITS = {

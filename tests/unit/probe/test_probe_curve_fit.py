@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadtests.probe.fit import BrokenLine, fit_broken_line, fit_line
+from loadtests.probe.curve_fit import BrokenLine, fit_broken_line, fit_line
 
 XS = [128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8128.0]
 

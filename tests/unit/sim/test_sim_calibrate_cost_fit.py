@@ -1,46 +1,33 @@
 """Calibration's pure parts: the fit recovers a cost model from measurements that the
-simulated engine itself produced (in virtual time), with and without noise; the token
-time reductions; the report and the profile file; the SSE and /metrics parsing."""
+simulated engine itself produced (in virtual time), with and without noise; the plan;
+the report and the profile file. (Token-time reductions: ``test_sim_calibrate_token_times``;
+the engine's clock: ``test_sim_calibrate_wire``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import defaultdict
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
-from loadtests.probe.calibrate.fit import OVERHEAD, fit, lstsq
+from loadtests.engine_io import EngineInfo
+from loadtests.probe.calibrate import Kind, Measurement
+from loadtests.probe.calibrate.cost_fit import OVERHEAD, fit, lstsq
 from loadtests.probe.calibrate.measure import Plan
-from loadtests.probe.calibrate.report import profile_file, report, residual_summary
-from loadtests.probe.calibrate.samples import (
-    Kind,
-    Measurement,
-    WindowError,
+from loadtests.probe.calibrate.profile_report import profile_file, report, residual_summary
+from loadtests.probe.calibrate.token_times import (
     median_of,
     prefill_steps,
     stall_step,
     steady_gap,
 )
-from loadtests.probe.calibrate.wire import (
-    INTER_TOKEN,
-    PREFILL_TIME,
-    EngineClock,
-    EngineInfo,
-    MeasurementError,
-    Prompts,
-    TokenLog,
-    _on_line,
-    engine_info,
-)
-from loadtests.sim.engine import SimEngine, StepResult
 from loadtests.sim.profile import StepCost, load_profile
-from loadtests.sim.scheduler import SchedulerConfig
+from loadtests.sim.step_loop import SimEngine, StepResult
+from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 
@@ -262,70 +249,7 @@ def test_fit_refuses_nothing() -> None:
         fit([])
 
 
-# -- token times to measurements ----------------------------------------------------
-
-
-def test_steady_gap_reads_the_window_where_every_stream_decodes() -> None:
-    # Stream a starts 3 steps before b; steps of 10 ms; both 12 tokens.
-    a = [0.01 * i for i in range(12)]
-    b = [0.03 + 0.01 * i for i in range(12)]
-    gap, context = steady_gap([a, b], [100, 200], skip=2)
-    assert gap == pytest.approx(0.01)
-    # Window 0.05..0.11: a has tokens 5..11, b tokens 2..8; the context is read about
-    # the middle of each (the hull edge there may be a token shorter than the window).
-    assert context == pytest.approx(100 + (6 + 11) / 2 + 200 + (3 + 8) / 2, abs=1.0)
-
-
-def test_steady_gap_counts_tokens_that_came_in_one_chunk() -> None:
-    times = [0.0, 0.01, 0.02, 0.04, 0.04, 0.05, 0.06]  # tokens 3 and 4 arrived together
-    gap, _ = steady_gap([times], [10], skip=1)
-    assert gap == pytest.approx(0.01)
-
-
-def test_steady_gap_reads_under_late_bursts() -> None:
-    # 5 ms steps; the server stalls twice and then delivers what it held at once.
-    on_time = [0.005 * j for j in range(40)]
-    late = {j: 0.1001 + 0.00001 * j for j in range(8, 20)}
-    late |= {j: 0.1801 + 0.00001 * j for j in range(26, 36)}
-    times = [late.get(j, t) for j, t in enumerate(on_time)]
-    gap, _ = steady_gap([times], [16], skip=4)
-    assert gap == pytest.approx(0.005)
-
-
-def test_steady_gap_needs_a_window() -> None:
-    with pytest.raises(WindowError):
-        steady_gap([[0.0, 0.01, 0.02], [0.5, 0.51, 0.52]], [1, 1], skip=0)
-    with pytest.raises(WindowError):
-        steady_gap([[0.0, 0.01]], [1], skip=2)
-
-
-def test_stall_step_survives_late_tokens() -> None:
-    # 10 ms steps; the step ending token 8 takes 50 ms; token 8 itself is seen 4 ms
-    # late, token 5 comes 6 ms late.
-    times = [0.01 * i for i in range(8)] + [0.07 + 0.05 + 0.004, 0.13, 0.14]
-    times[5] += 0.006
-    j, stall = stall_step(times, at=0.12)
-    assert j == 8
-    assert stall == pytest.approx(0.05)
-
-
-def test_stall_step_needs_tokens_around_it_that_came_step_by_step() -> None:
-    with pytest.raises(WindowError, match="near an end"):
-        stall_step([0.0, 0.01, 0.02, 0.03], at=0.03)
-    burst = [0.01 * i for i in range(6)] + [0.051, 0.0511, 0.0512, 0.0513]
-    with pytest.raises(WindowError, match="burst"):
-        stall_step(burst, at=0.0512)
-
-
-def test_median_of_repeats() -> None:
-    ms = [
-        Measurement(kind=Kind.DECODE, seconds=s, batch=2, context_tokens=c)
-        for s, c in ((0.3, 10), (0.1, 30), (0.2, 20))
-    ]
-    m = median_of(ms)
-    assert (m.seconds, m.context_tokens, m.repeats) == (0.2, 20, 3)
-    with pytest.raises(ValueError, match="shapes"):
-        median_of([ms[0], replace(ms[1], batch=4)])
+# -- the plan ----------------------------------------------------------------------
 
 
 def test_engine_clock_plan_keeps_only_decode_shapes_that_start_together() -> None:
@@ -379,116 +303,3 @@ def test_report_has_every_coefficient_measurement_and_kind() -> None:
     assert text.count("prefill ") >= len(PLAN.prefill_sizes)
     for kind in Kind:
         assert f"\n{kind.value} " in text
-
-
-# -- the HTTP edge, on a mock transport ---------------------------------------------
-
-
-def test_sse_lines_count_tokens_with_and_without_usage() -> None:
-    log = TokenLog()
-    assert not _on_line('data: {"choices": [{"text": "a"}]}', log)
-    assert not _on_line(
-        'data: {"choices": [{"text": "bc"}], "usage": {"completion_tokens": 3}}', log
-    )
-    assert not _on_line('data: {"choices": [], "usage": {"completion_tokens": 3}}', log)
-    assert not _on_line(": keep-alive", log)
-    assert _on_line("data: [DONE]", log)
-    assert len(log.times) == 3 and log.times[1] == log.times[2]
-
-
-METRICS = """# HELP vllm:cache_config_info Information of the KV cache config.
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="32768"} 1.0
-"""
-
-
-def engine_transport(tokens_per_word: int = 1) -> httpx.MockTransport:
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            card = {"id": "tiny", "max_model_len": 4096}
-            return httpx.Response(200, json={"data": [card]})
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=METRICS)
-        if request.url.path == "/tokenize":
-            words = yaml.safe_load(request.content)["prompt"].split()
-            ids = [hash(w) % 1000 for w in words for _ in range(tokens_per_word)]
-            return httpx.Response(200, json={"count": len(ids), "tokens": ids})
-        return httpx.Response(404)
-
-    return httpx.MockTransport(handle)
-
-
-def test_engine_info_reads_models_and_cache_config() -> None:
-    async def go() -> EngineInfo:
-        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
-            return await engine_info(c)
-
-    info = asyncio.run(go())
-    assert (info.model, info.max_model_len, info.block_size, info.num_gpu_blocks) == (
-        "tiny",
-        4096,
-        16,
-        32768,
-    )
-
-
-def test_prompts_are_unique_and_exactly_as_long_as_asked() -> None:
-    async def go() -> list[list[int]]:
-        async with httpx.AsyncClient(transport=engine_transport(), base_url="http://e") as c:
-            prompts = Prompts(c, "tiny", seed=1)
-            return [await prompts.make(n) for n in (1, 16, 16, 300)]
-
-    made = asyncio.run(go())
-    assert [len(p) for p in made] == [1, 16, 16, 300]
-    assert made[1][:1] != made[2][:1]
-
-
-def histograms(prefill: tuple[float, int], itl: tuple[float, int]) -> str:
-    lines = []
-    for name, (total, count) in ((PREFILL_TIME, prefill), (INTER_TOKEN, itl)):
-        lines += [f"# TYPE {name} histogram"]
-        for engine in ("0", "1"):  # two label sets, summed
-            labels = f'engine="{engine}",model_name="tiny"'
-            lines += [
-                f'{name}_bucket{{{labels},le="+Inf"}} {count / 2}',
-                f"{name}_count{{{labels}}} {count / 2}",
-                f"{name}_sum{{{labels}}} {total / 2}",
-            ]
-    return "\n".join(lines) + "\n"
-
-
-def test_engine_clock_reads_histogram_differences_once_they_come() -> None:
-    # Before; a reading with nothing new yet (the clock waits); then two prefills.
-    pages = iter(
-        [
-            histograms((1.0, 10), (2.0, 100)),
-            histograms((1.0, 10), (2.0, 100)),
-            histograms((1.25, 12), (2.5, 110)),
-        ]
-    )
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text=next(pages))
-
-    async def go() -> tuple[float, int]:
-        transport = httpx.MockTransport(handle)
-        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
-            clock = EngineClock(client)
-            return await clock.since(await clock.read(), PREFILL_TIME, 2)
-
-    total, count = asyncio.run(go())
-    assert total == pytest.approx(0.25) and count == 2
-
-
-def test_engine_clock_gives_up_on_an_engine_without_the_histogram() -> None:
-    def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text="# nothing here\n")
-
-    async def go() -> None:
-        transport = httpx.MockTransport(handle)
-        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
-            clock = EngineClock(client, settle_s=0.05)
-            await clock.since(await clock.read(), INTER_TOKEN, 1)
-
-    with pytest.raises(MeasurementError, match="does the engine export it"):
-        asyncio.run(go())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from loadtests.sim.cost import step_seconds
 from loadtests.sim.profile import StepCost
 from loadtests.sim.request import SimRequest
-from loadtests.sim.scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
+from loadtests.sim.step_scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
 from loadtests.sim.tokenizer import SimTokenizer, prompt_seed
 from proxy.clock import Clock
 

@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from loadtests.probe.analysis import Analysis, ChunkFrom, Verdict
-from loadtests.probe.fit import BrokenLine, Line
+from loadtests.probe.curve_fit import BrokenLine, Line
 from loadtests.probe.measurements import SizeStalls
 from loadtests.probe.result import ProbeResult
 

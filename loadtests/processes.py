@@ -1,0 +1,116 @@
+"""Servers as child processes on loopback ports, for the bench's launchers and the tests.
+
+- :func:`free_port`: a loopback TCP port that nothing listens on at the moment;
+- :func:`whoseturn_command`: the argument list that runs ``whoseturn ARGS`` with this
+  interpreter (warnings only in its log); :func:`serve_command` writes a proxy
+  configuration file and gives the command that serves it;
+- :func:`running`: a child process for the length of a ``with`` body, stopped on exit
+  (a signal, then ``SIGKILL`` after a grace period);
+- :func:`wait_until_ok`: poll a URL until it answers 200, failing early if the child
+  that should serve it has exited.
+
+The harness cannot import ``tests/``; ``tests/support`` re-uses these.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A loopback port that is free now (another process may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def loopback_url(port: int) -> str:
+    return f"http://{LOOPBACK}:{port}"
+
+
+def whoseturn_command(*args: str) -> list[str]:
+    """``python -m proxy --log-level warning ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "proxy", "--log-level", "warning", *args]
+
+
+def serve_command(
+    config_path: Path, *, port: int, engines: Sequence[dict[str, Any]], **settings: Any
+) -> list[str]:
+    """Write a proxy configuration (``port``, top-level ``settings``, ``engines``) to
+    ``config_path`` as YAML; the command that serves it: ``whoseturn serve --config``."""
+    config = {"port": port, **settings, "engines": list(engines)}
+    config_path.write_text(yaml.safe_dump(config))
+    return whoseturn_command("serve", "--config", str(config_path))
+
+
+@contextmanager
+def running(
+    command: Sequence[str],
+    *,
+    output: IO[bytes] | int = subprocess.DEVNULL,
+    cwd: Path | None = None,
+    stop_signal: signal.Signals = signal.SIGINT,
+    grace_s: float = 10.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` (stdout and stderr to ``output``) until the ``with`` body ends,
+    then :func:`stop` it."""
+    process = subprocess.Popen(list(command), stdout=output, stderr=subprocess.STDOUT, cwd=cwd)
+    try:
+        yield process
+    finally:
+        stop(process, stop_signal, grace_s)
+
+
+def stop(
+    process: subprocess.Popen[bytes],
+    stop_signal: signal.Signals = signal.SIGINT,
+    grace_s: float = 10.0,
+) -> None:
+    """Send ``stop_signal`` to a running process; ``SIGKILL`` it if it is still there
+    after ``grace_s`` seconds."""
+    if process.poll() is not None:
+        return
+    process.send_signal(stop_signal)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def wait_until_ok(
+    url: str,
+    *,
+    process: subprocess.Popen[bytes] | None = None,
+    what: str = "the server",
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+) -> None:
+    """Poll ``GET url`` until it answers 200. Raises :class:`RuntimeError` once
+    ``process`` (the server's, if given) has exited or after ``timeout_s``; ``what``
+    names the server in the message."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited early ({process.returncode})")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready at {url} within {timeout_s:.0f} s")
+        time.sleep(interval_s)

@@ -1,0 +1,10 @@
+"""What every test tier shares: ports and child processes (:mod:`.processes`), servers
+on loopback sockets (:mod:`.served`), polling (:mod:`.polling`), SSE lines and raw
+requests (:mod:`.http`), Prometheus samples (:mod:`.metrics`, over the bench's reader).
+
+The harness's own launchers cannot import ``tests/``, so the process and port helpers
+live in :mod:`loadtests.processes` and :mod:`.processes` re-exports them.
+"""
+
+MODEL = "tiny"
+"""The served model name every tier's engines answer to."""
