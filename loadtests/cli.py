@@ -107,19 +107,19 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         metavar="X",
         help=f"run model time this many times faster than wall time (default: {SIM_TIME_SCALE})",
     )
-    subcommands = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
-    inter = subcommands.add_parser(
+    subcommands = cast("Commands", sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND"))
+    inter = _table_command(
+        subcommands,
         "interference",
-        help="print the chat-behind-batch interference table, in virtual time",
+        "print the chat-behind-batch interference table, in virtual time",
     )
-    _add_engine_flags(inter, suppress=True)
     inter.add_argument("--batch-prompts", type=int, default=64, help="batch prompts queued")
     inter.add_argument("--batch-prompt-tokens", type=int, default=8000, help="tokens each")
-    evaluate = subcommands.add_parser(
+    evaluate = _table_command(
+        subcommands,
         "evaluate",
-        help="chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
+        "chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
     )
-    _add_engine_flags(evaluate, suppress=True)
     evaluate.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
     evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
     evaluate.add_argument("--batch-concurrency", type=int, default=128, help="documents kept")
@@ -134,6 +134,14 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         if action.dest == "max_num_batched_tokens":
             action.default = argparse.SUPPRESS
     return sim
+
+
+def _table_command(subcommands: Commands, name: str, help: str) -> argparse.ArgumentParser:
+    """A ``sim`` subcommand that prints a table from the engine model: it takes the
+    engine flags, which may also come before it (``sim --profile P NAME``)."""
+    command = subcommands.add_parser(name, help=help)
+    _add_engine_flags(command, suppress=True)
+    return command
 
 
 def _add_engine_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:

@@ -534,6 +534,19 @@ def run(
             results.append(run_arm(arm, index, prompts, repeats, workload, watch, out, extra_tries))
     finally:
         watch.stop()
+    write_records(results, out)
+    meta = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "repeats": repeats,
+        "max_stall_s": MAX_STALL_S,
+        "workload": workload.__dict__,
+        "stalls": watch.stalls,
+    }
+    return report(results, meta, out)
+
+
+def write_records(results: Sequence[ArmResult], out: Path) -> None:
+    """``records.jsonl``: every request of every repetition, with its repetition's facts."""
     with (out / "records.jsonl").open("w") as f:
         for result in results:
             for rep in result.repetitions:
@@ -546,14 +559,6 @@ def run(
                            "proxy_budget": rep.proxy_budget,
                            **record.to_json()}  # fmt: skip
                     f.write(json.dumps(row) + "\n")
-    meta = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "repeats": repeats,
-        "max_stall_s": MAX_STALL_S,
-        "workload": workload.__dict__,
-        "stalls": watch.stalls,
-    }
-    return report(results, meta, out)
 
 
 def report(

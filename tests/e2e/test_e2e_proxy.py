@@ -21,7 +21,7 @@ from tests.integration.proxyserver import ProxyServer
 from tests.support import MODEL
 from tests.support.http import data_lines, post_raw
 from tests.support.openai_api import json_shape as shape
-from tests.support.openai_api import streamed_completion
+from tests.support.openai_api import streamed_completion, whole_chat_through_proxy
 from tests.support.openai_api import token_count as tokenize
 from tests.support.served import Served
 
@@ -47,6 +47,8 @@ TRIES = 3
 # docs/real-vllm.md) is not a failure, while a request never taken up or never
 # dropped still fails, saying which.
 WAIT_S = 30.0
+# A way for a client to leave a long request: returns when it left.
+Leave = Callable[[VllmServer, ProxyServer], float]
 # Longer than the 8,192-token context whatever the tokenizer makes of it.
 TOO_LONG = "word " * 9000
 
@@ -80,20 +82,7 @@ def counter(server: ProxyServer, name: str, **labels: str) -> float:
 
 def test_chat_whole(vllm: VllmServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=8
-        )
-    reply = raw.parse()
-    assert raw.headers["x-whoseturn-class"] == "interactive"
-    assert raw.headers["x-whoseturn-engine"] == "vllm-0"
-    assert float(raw.headers["x-whoseturn-queue-ms"]) >= 0
-    assert reply.object == "chat.completion"
-    assert reply.model == MODEL
-    assert reply.choices[0].finish_reason == "length"
-    assert reply.choices[0].message.role == "assistant"
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == tokenize(vllm, {"messages": MESSAGES})
-    assert reply.usage.completion_tokens == 8
+        whole_chat_through_proxy(vllm, client, MESSAGES, max_tokens=8, engine="vllm-0")
 
 
 def test_chat_streamed_with_and_without_usage(vllm: VllmServer, proxy: ProxyServer) -> None:
@@ -230,17 +219,10 @@ def wait(server: Served, predicate: Callable[[], bool], failure: str) -> None:
         raise AssertionError(f"{failure} after {WAIT_S:.0f} s") from None
 
 
-@pytest.mark.parametrize(
-    ("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", TEXT)]
-)
-def test_closing_a_stream_aborts_the_engines_request(
-    vllm: VllmServer,
-    proxy: ProxyServer,
-    measured: Callable[[str], None],
-    path: str,
-    body: dict[str, Any],
-) -> None:
-    def leave() -> float:
+def close_stream(path: str, body: dict[str, Any]) -> Leave:
+    """A streaming client that reads three events, then closes the stream."""
+
+    def leave(vllm: VllmServer, proxy: ProxyServer) -> float:
         with proxy.http.stream("POST", path, json={**body, **LONG, "stream": True}) as response:
             assert response.status_code == 200
             events = data_lines(response)
@@ -249,33 +231,42 @@ def test_closing_a_stream_aborts_the_engines_request(
             assert vllm.running() == 1
         return time.monotonic()
 
-    assert_engine_drops_it(vllm, proxy, leave, measured)
+    return leave
 
 
-def test_a_whole_answer_client_that_hangs_up_aborts_the_engines_request(
-    vllm: VllmServer, proxy: ProxyServer, measured: Callable[[str], None]
+def hang_up(vllm: VllmServer, proxy: ProxyServer) -> float:
+    """A client waiting for a whole answer that closes its socket while vLLM decodes."""
+    sock = post_raw(proxy.port, "/v1/chat/completions", {**CHAT, **LONG})
+    try:
+        wait(vllm, lambda: vllm.running() == 1, "vLLM never ran the request")
+        time.sleep(0.3)  # decoding, well short of the end
+    finally:
+        sock.close()
+    return time.monotonic()
+
+
+def time_out(vllm: VllmServer, proxy: ProxyServer) -> float:
+    """A client waiting for a whole answer that gives up after its own timeout."""
+    with proxy.openai(timeout=1.0) as client, pytest.raises(openai.APITimeoutError):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG["max_tokens"])
+    return time.monotonic()
+
+
+@pytest.mark.parametrize(
+    "leave",
+    [
+        close_stream("/v1/chat/completions", CHAT),
+        close_stream("/v1/completions", TEXT),
+        hang_up,
+        time_out,
+    ],
+    ids=["chat-stream-closed", "completion-stream-closed", "whole-answer-hang-up",
+         "whole-answer-timeout"],
+)  # fmt: skip
+def test_a_client_that_leaves_aborts_the_engines_request(
+    vllm: VllmServer, proxy: ProxyServer, measured: Callable[[str], None], leave: Leave
 ) -> None:
-    def leave() -> float:
-        sock = post_raw(proxy.port, "/v1/chat/completions", {**CHAT, **LONG})
-        try:
-            wait(vllm, lambda: vllm.running() == 1, "vLLM never ran the request")
-            time.sleep(0.3)  # decoding, well short of the end
-        finally:
-            sock.close()
-        return time.monotonic()
-
-    assert_engine_drops_it(vllm, proxy, leave, measured)
-
-
-def test_a_whole_answer_client_that_times_out_aborts_the_engines_request(
-    vllm: VllmServer, proxy: ProxyServer, measured: Callable[[str], None]
-) -> None:
-    def leave() -> float:
-        with proxy.openai(timeout=1.0) as client, pytest.raises(openai.APITimeoutError):
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG["max_tokens"])
-        return time.monotonic()
-
-    assert_engine_drops_it(vllm, proxy, leave, measured)
+    assert_engine_drops_it(vllm, proxy, lambda: leave(vllm, proxy), measured)
 
 
 # -- the batch route ------------------------------------------------------------------

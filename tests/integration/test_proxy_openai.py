@@ -11,7 +11,13 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.http import data_lines
-from tests.support.openai_api import json_shape, streamed_chat, streamed_completion, token_count
+from tests.support.openai_api import (
+    json_shape,
+    streamed_chat,
+    streamed_completion,
+    token_count,
+    whole_chat_through_proxy,
+)
 from tests.support.processes import closed_port_url
 
 from .proxyserver import ProxyServer, engine, run_proxy
@@ -57,20 +63,9 @@ def without(body: dict[str, Any], keys: set[str]) -> dict[str, Any]:
 
 def test_chat_whole(sim: SimServer, proxy: ProxyServer) -> None:
     with proxy.openai() as client:
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=6
-        )
-    reply = raw.parse()
-    assert raw.headers["x-whoseturn-class"] == "interactive"
-    assert raw.headers["x-whoseturn-engine"] == "sim-0"
-    assert float(raw.headers["x-whoseturn-queue-ms"]) >= 0
-    assert reply.object == "chat.completion"
-    assert reply.choices[0].finish_reason == "length"
+        reply = whole_chat_through_proxy(sim, client, MESSAGES, max_tokens=6, engine="sim-0")
     assert reply.choices[0].message.content is not None
     assert len(reply.choices[0].message.content.split()) == 6
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == token_count(sim, {"messages": MESSAGES})
-    assert reply.usage.completion_tokens == 6
 
 
 def test_chat_streamed_with_and_without_usage(sim: SimServer, proxy: ProxyServer) -> None:

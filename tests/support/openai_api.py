@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 from openai.types import Completion
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.support import MODEL
 from tests.support.served import Served
@@ -54,3 +54,32 @@ def streamed_completion(client: openai.OpenAI, prompt: str, max_tokens: int) -> 
         stream_options={"include_usage": True},
     )
     return list(stream)
+
+
+def whole_chat_through_proxy(
+    server: Served,
+    client: openai.OpenAI,
+    messages: list[ChatCompletionMessageParam],
+    *,
+    max_tokens: int,
+    engine: str,
+) -> ChatCompletion:
+    """A whole (non-streamed) chat answer through the proxy, checked as any must be:
+    interactive class, served by ``engine`` after a queue wait, a chat completion of
+    exactly ``max_tokens`` tokens ended by length, its prompt counted as the engine
+    (``server``) counts it."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens
+    )
+    reply = raw.parse()
+    assert raw.headers["x-whoseturn-class"] == "interactive"
+    assert raw.headers["x-whoseturn-engine"] == engine
+    assert float(raw.headers["x-whoseturn-queue-ms"]) >= 0
+    assert reply.object == "chat.completion"
+    assert reply.model == MODEL
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == token_count(server, {"messages": messages})
+    assert reply.usage.completion_tokens == max_tokens
+    return reply

@@ -23,6 +23,7 @@ from loadtests.compare import (
     summarize,
     table,
     verdict,
+    write_records,
 )
 
 Json = dict[str, Any]
@@ -816,20 +817,6 @@ def four_arms() -> list[ArmResult]:
         ]
         results.append(ArmResult(ARM[key], f"serve {key}", 10.0 + factor, 2**31, reps))
     return results
-
-
-def write_records(results: list[ArmResult], out: Path) -> None:
-    """records.jsonl as ``compare.run`` writes it."""
-    with (out / "records.jsonl").open("w") as f:
-        for result in results:
-            for r in result.repetitions:
-                for record in r.records:
-                    row = {"arm": result.arm.key, "repetition": r.index, "cold": r.cold,
-                           "set_aside": r.set_aside, "batch_at": r.batch_at,
-                           "stall_spans": r.stall_spans, "engine_queue_s": r.engine_queue_s,
-                           "engine_prefill_s": r.engine_prefill_s,
-                           **record.to_json()}  # fmt: skip
-                    f.write(json.dumps(row) + "\n")
 
 
 def test_a_report_and_its_records_read_back_to_the_same_summaries(tmp_path: Path) -> None:
