@@ -107,7 +107,7 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         metavar="X",
         help=f"run model time this many times faster than wall time (default: {SIM_TIME_SCALE})",
     )
-    subcommands = cast("Commands", sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND"))
+    subcommands = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     inter = _table_command(
         subcommands,
         "interference",
