@@ -7,6 +7,7 @@ typo stops the proxy at start rather than at the first request. Example file::
     ttft_target_s: 0.3            # interactive TTFT target (the budget loop aims below)
     gap_target_s: 0.1             # interactive inter-token gap target (p95)
     class_override: true          # honour X-Whoseturn-Class (or a list of API keys)
+    max_body_bytes: 8388608       # larger request bodies are refused with 413
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -19,7 +20,7 @@ typo stops the proxy at start rather than at the first request. Example file::
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
-``WHOSETURN_GAP_TARGET_S``.
+``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ class Settings:
     unhealthy_after: int = 2
     connect_timeout_s: float = 2.0
     decision_log_size: int = 1000
+    max_body_bytes: int = 8 * 1024 * 1024
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -276,6 +278,7 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
     _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
     _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
+    _check(settings.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
     return settings
 
 
@@ -284,6 +287,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_PORT": ("port", int),
     "WHOSETURN_TTFT_TARGET_S": ("ttft_target_s", float),
     "WHOSETURN_GAP_TARGET_S": ("gap_target_s", float),
+    "WHOSETURN_MAX_BODY_BYTES": ("max_body_bytes", int),
 }
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.errors import install_error_handlers
+from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
@@ -41,6 +42,7 @@ def create_app(
 
     app = FastAPI(title="whoseturn", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)
     install_status_route(app)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 
 class APIError(Exception):
@@ -59,13 +60,34 @@ def engine_failed(message: str) -> APIError:
     return APIError(502, message, err_type="engine_error", code=502)
 
 
+_HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+def from_http_exception(request: Request, exc: HTTPException) -> APIError:
+    """Starlette's own errors (no route, wrong method, ...) in OpenAI's shape."""
+    path = request.url.path.encode("ascii", "backslashreplace").decode()
+    if exc.status_code == 404:
+        message = f"No route {request.method} {path}."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {path}."
+    else:
+        message = str(exc.detail)
+    err_type = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
+    return APIError(exc.status_code, message, err_type=err_type, code=exc.status_code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         return exc.response()
 
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        return from_http_exception(request, exc).response(dict(exc.headers or {}))
+
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         return bad_request(str(exc)).response()
 
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation)
