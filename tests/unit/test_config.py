@@ -226,3 +226,18 @@ def test_env_value_is_validated_like_the_file(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     # The CLI turns ValueError into "whoseturn: error: ..." and exit status 2.
     assert issubclass(ConfigError, ValueError)
+
+
+# -- limits and timeouts ----------------------------------------------------------------
+
+
+def test_max_body_bytes_defaults_to_8_mib_and_reads_the_env(tmp_path: Path) -> None:
+    assert load(tmp_path, {"WHOSETURN_ENGINES": URL}).max_body_bytes == 8 * 1024 * 1024
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_MAX_BODY_BYTES": "65536"}
+    assert load(tmp_path, env).max_body_bytes == 65536
+
+
+@pytest.mark.parametrize("value", [0, 1023, "big", 1.5])
+def test_max_body_bytes_refuses_nonsense(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^max_body_bytes:"):
+        settings_from_dict({"engines": [URL], "max_body_bytes": value})
