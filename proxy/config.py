@@ -8,6 +8,9 @@ typo stops the proxy at start rather than at the first request. Example file::
     gap_target_s: 0.1             # interactive inter-token gap target (p95)
     class_override: true          # honour X-Whoseturn-Class (or a list of API keys)
     max_body_bytes: 8388608       # larger request bodies are refused with 413
+    first_byte_timeout_s: 60      # an engine's answer must begin (headers, first chunk)
+    idle_timeout_s: 30            # then no silence longer than this between chunks
+    outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -20,7 +23,8 @@ typo stops the proxy at start rather than at the first request. Example file::
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
-``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``.
+``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
+``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -151,6 +155,9 @@ class Settings:
     connect_timeout_s: float = 2.0
     decision_log_size: int = 1000
     max_body_bytes: int = 8 * 1024 * 1024
+    first_byte_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    outlier_consecutive_errors: int = 5
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -279,6 +286,14 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
     _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
     _check(settings.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+    _check(
+        settings.first_byte_timeout_s > 0 and settings.idle_timeout_s > 0,
+        "timeouts",
+        "first_byte_timeout_s and idle_timeout_s must be positive",
+    )
+    _check(
+        settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
+    )
     return settings
 
 
@@ -288,6 +303,8 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_TTFT_TARGET_S": ("ttft_target_s", float),
     "WHOSETURN_GAP_TARGET_S": ("gap_target_s", float),
     "WHOSETURN_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
+    "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
 }
 
 

@@ -38,6 +38,7 @@ from proxy.engines import (
     EngineMonitor,
     EnginePool,
     EngineUnavailable,
+    UpstreamError,
     map_stream_error,
 )
 from proxy.scheduler import Job, TrafficClass
@@ -157,7 +158,9 @@ class Forwarder:
             body = ticket.req.body_for(client.config.scheduling_policy)
             stack = AsyncExitStack()
             try:
-                response = await stack.enter_async_context(client.stream(ticket.req.path, body))
+                timeout = self.settings.first_byte_timeout_s
+                opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
+                response = await stack.enter_async_context(opening)
                 return Opened(admitted, response, stack)
             except BaseException as exc:
                 await close_shielded(stack)
@@ -168,7 +171,7 @@ class Forwarder:
         the client is to see."""
         engine = admitted.engine
         if isinstance(exc, EngineUnavailable):
-            self.monitor.mark_failed(engine)
+            self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
             raise engine_unavailable(f"No engine could take the request: {exc}") from exc
@@ -178,6 +181,7 @@ class Forwarder:
                 self._count(ticket, engine, "client_error")
                 self.services.admission.finished(ticket.id)
                 raise PassThrough(exc, headers) from exc
+            self.monitor.request_failed(engine, exc)
             if self._retry(ticket, engine, exc):
                 return
             raise PassThrough(exc, headers) from exc
@@ -216,8 +220,9 @@ class Forwarder:
                 async for event in relay.events():
                     if event.data is not None:
                         assembler.add(event.data)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, UpstreamError) as exc:
                 error = map_stream_error(opened.engine, exc)
+                self.monitor.request_failed(opened.engine, error)
                 if retried := self._retry(ticket, opened.engine, error):
                     continue
                 raise engine_failed(f"The engine failed mid-answer: {error}") from exc
@@ -237,12 +242,14 @@ class Forwarder:
             status = code if isinstance(code, int) and 400 <= code < 600 else 500
             return JSONResponse({"error": error}, status_code=status, headers=headers)
         relay.finish("ok")
+        self.monitor.request_succeeded(relay.engine)
         return JSONResponse(asm.body(), headers=headers)
 
     def _stream(self, ticket: Ticket, opened: Opened) -> Response:
         relay = Relay(ticket, opened.admitted, opened.response, self.services)
         headers = self._headers(ticket, opened.admitted)
-        return RelayResponse(relay, opened.stack, ticket.req.wish.include_usage, headers)
+        wish = ticket.req.wish
+        return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
 
 
 class PassThrough(Exception):
@@ -273,12 +280,14 @@ class RelayResponse(StreamingResponse):
         stack: AsyncExitStack,
         include_usage: bool,
         headers: dict[str, str],
+        monitor: EngineMonitor,
     ) -> None:
         self._gen = self._bytes()
         super().__init__(self._gen, media_type="text/event-stream", headers=headers)
         self.relay = relay
         self.stack = stack
         self.include_usage = include_usage
+        self.monitor = monitor
         self.outcome = "cancelled"
         self._closed = False
 
@@ -289,8 +298,10 @@ class RelayResponse(StreamingResponse):
                     continue
                 yield event.raw
             self.outcome = "engine_error" if self.relay.stats.engine_error else "ok"
-        except httpx.HTTPError as exc:
+            self.monitor.request_succeeded(self.relay.engine)
+        except (httpx.HTTPError, UpstreamError) as exc:
             error = map_stream_error(self.relay.engine, exc)
+            self.monitor.request_failed(self.relay.engine, error)
             self.outcome = "engine_error"
             logger.warning(
                 "stream %s broke on %s: %s", self.relay.ticket.id, self.relay.engine, error

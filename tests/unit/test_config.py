@@ -241,3 +241,22 @@ def test_max_body_bytes_defaults_to_8_mib_and_reads_the_env(tmp_path: Path) -> N
 def test_max_body_bytes_refuses_nonsense(value: object) -> None:
     with pytest.raises(ConfigError, match=r"^max_body_bytes:"):
         settings_from_dict({"engines": [URL], "max_body_bytes": value})
+
+
+def test_read_timeouts_from_the_env(tmp_path: Path) -> None:
+    env = {
+        "WHOSETURN_ENGINES": URL,
+        "WHOSETURN_FIRST_BYTE_TIMEOUT_S": "12.5",
+        "WHOSETURN_IDLE_TIMEOUT_S": "3",
+    }
+    s = load(tmp_path, env)
+    assert (s.first_byte_timeout_s, s.idle_timeout_s) == (12.5, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("idle_timeout_s", 0), ("first_byte_timeout_s", -1), ("outlier_consecutive_errors", 0)],
+)
+def test_timeouts_and_outlier_threshold_refuse_nonsense(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"^({key}|timeouts):"):
+        settings_from_dict({"engines": [URL], key: value})
