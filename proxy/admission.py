@@ -152,6 +152,10 @@ class Admission:
         """The up engines serving ``model``, in configuration order."""
         return self._scheduler.engines_up_for(model)
 
+    def engines_for(self, model: str) -> list[str]:
+        """Every engine serving ``model``, up or not, in configuration order."""
+        return self._scheduler.engines_for(model)
+
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
 

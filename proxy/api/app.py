@@ -67,6 +67,7 @@ def _routes(app: FastAPI) -> None:
         forward(path, TrafficClass.BATCH)
 
     @app.get("/v1/models")
+    @app.get("/batch/v1/models")
     async def models(request: Request) -> JSONResponse:
         state = _state(request)
         check_api_key(request, state.settings)

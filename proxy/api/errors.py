@@ -20,8 +20,10 @@ class APIError(Exception):
         err_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.err_type = err_type
@@ -39,7 +41,8 @@ class APIError(Exception):
         }
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        merged = {**self.headers, **(headers or {})}
+        return JSONResponse(self.body(), status_code=self.status, headers=merged or None)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -52,8 +55,9 @@ def model_not_found(model: str) -> APIError:
     )
 
 
-def engine_unavailable(message: str) -> APIError:
-    return APIError(503, message, err_type="service_unavailable", code=503)
+def engine_unavailable(message: str, retry_after_s: int | None = None) -> APIError:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return APIError(503, message, err_type="service_unavailable", code=503, headers=headers)
 
 
 def engine_failed(message: str) -> APIError:

@@ -28,9 +28,10 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.admission import Admitted
 from proxy.api.assemble import Assembler
-from proxy.api.errors import engine_failed, engine_unavailable, model_not_found
+from proxy.api.errors import engine_failed, engine_unavailable
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
+from proxy.api.servable import unservable
 from proxy.api.sse import sse_error
 from proxy.config import Settings
 from proxy.engines import (
@@ -123,13 +124,11 @@ class Forwarder:
             return Response(status_code=499)
 
     def _check_servable(self, req: ChatRequest) -> None:
-        admission = self.services.admission
-        if req.model not in admission.models():
-            raise model_not_found(req.model)
-        if req.cls is TrafficClass.INTERACTIVE and not admission.engines_up_for(req.model):
-            # Interactive work does not wait for an engine to come back: 503 now.
-            self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
-            raise engine_unavailable(f"No engine serving `{req.model}` is up.")
+        error = unservable(req.model, req.cls, self.services.admission, self.monitor)
+        if error is not None:
+            if error.status == 503:
+                self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
+            raise error
 
     async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
         """The job's next dispatch: queued first, or requeued after a failure."""

@@ -65,6 +65,7 @@ class EngineMonitor:
         self.failures: dict[str, int] = dict.fromkeys(names, 0)
         self.scrape_failures: dict[str, int] = dict.fromkeys(names, 0)
         self.request_errors: dict[str, int] = dict.fromkeys(names, 0)
+        self.ejected_because: dict[str, str] = {}
         self.health_rounds = 0
         self._epoch: dict[str, int] = dict.fromkeys(names, 0)
 
@@ -108,6 +109,7 @@ class EngineMonitor:
         self.failures[name] = max(self.failures[name], self.settings.unhealthy_after)
         if self.up[name]:
             logger.warning("engine %s ejected: %s", name, reason)
+            self.ejected_because[name] = reason
             self._set_up(name, False)
 
     def request_failed(self, name: str, error: UpstreamError) -> None:
@@ -130,10 +132,18 @@ class EngineMonitor:
             return
         self.failures[name] += 1
         if self.up[name] and self.failures[name] >= self.settings.unhealthy_after:
-            logger.warning(
-                "engine %s ejected: %d health checks failed in a row", name, self.failures[name]
-            )
+            reason = f"{self.failures[name]} health checks failed in a row"
+            logger.warning("engine %s ejected: %s", name, reason)
+            self.ejected_because[name] = reason
             self._set_up(name, False)
+
+    def why_unusable(self, name: str) -> str:
+        """Why requests cannot go to ``name`` now, in a few words for a client."""
+        if not self.up[name]:
+            return f"ejected: {self.ejected_because.get(name, 'unreachable')}"
+        if self.failures[name]:
+            return f"{self.failures[name]} health checks failed in a row"
+        return "not reached yet"
 
     def _set_up(self, name: str, up: bool) -> None:
         self.up[name] = up
