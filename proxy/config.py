@@ -6,7 +6,12 @@ typo stops the proxy at start rather than at the first request. Example file::
     port: 8080
     ttft_target_s: 0.3            # interactive TTFT target (the budget loop aims below)
     gap_target_s: 0.1             # interactive inter-token gap target (p95)
-    class_override: true          # honour X-Whoseturn-Class (or a list of API keys)
+    class_override: true          # X-Whoseturn-Class: true (anyone), false, a list of keys;
+                                  # unset: anyone without api_keys, else keys that allow it
+    api_keys:                     # unset: no key needed; see docs/security.md
+      - sk-plain-key              # a plain key: role user, no class override
+      - {key: sk-dash, role: read}                  # reads only: /metrics, /turn, ...
+      - {key: sk-pipe, classes: [batch], class_override: false}
     max_body_bytes: 8388608       # larger request bodies are refused with 413
     first_byte_timeout_s: 60      # an engine's answer must begin (headers, first chunk)
     idle_timeout_s: 30            # then no silence longer than this between chunks
@@ -140,6 +145,26 @@ class EngineConfig:
         _check(0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]")
 
 
+ROLES = ("user", "read")
+CLASSES = ("interactive", "batch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiKey:
+    """One API key and its policy. ``role``: ``user`` may use every route, ``read``
+    only the reads (models, metrics, turn, status, API docs; for dashboards and
+    Prometheus). ``classes``: the traffic classes it may use. ``class_override``:
+    whether it may choose its class by the ``X-Whoseturn-Class`` header."""
+
+    key: str
+    role: str = "user"
+    classes: tuple[str, ...] = CLASSES
+    class_override: bool = False
+
+    def __repr__(self) -> str:  # never the key itself
+        return f"ApiKey(role={self.role!r}, classes={self.classes!r})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     engines: tuple[EngineConfig, ...]
@@ -147,8 +172,8 @@ class Settings:
     port: int = 8080
     ttft_target_s: float = 0.300
     gap_target_s: float = 0.100
-    class_override: bool | tuple[str, ...] = True
-    api_keys: tuple[str, ...] = ()
+    class_override: bool | tuple[str, ...] | None = None
+    api_keys: tuple[str | ApiKey, ...] = ()
     health_interval_s: float = 1.0
     scrape_interval_s: float = 1.0
     unhealthy_after: int = 2
@@ -158,6 +183,10 @@ class Settings:
     first_byte_timeout_s: float = 60.0
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
+
+    def key_policies(self) -> tuple[ApiKey, ...]:
+        """Every API key with its policy (a plain string is a ``user`` key)."""
+        return tuple(k if isinstance(k, ApiKey) else ApiKey(key=k) for k in self.api_keys)
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -251,15 +280,32 @@ def _engines(data: Any, targets: Mapping[str, float]) -> tuple[EngineConfig, ...
     return parsed
 
 
-def _class_override(value: Any) -> bool | tuple[str, ...]:
+def _class_override(value: Any) -> bool | tuple[str, ...] | None:
     if isinstance(value, list | tuple):
         value = tuple(str(k) for k in value)
     _check(
-        isinstance(value, bool | tuple),
+        value is None or isinstance(value, bool | tuple),
         "class_override",
         "expected true, false or a list of API keys",
     )
     return value  # type: ignore[no-any-return]
+
+
+def _api_key(data: Any, index: int) -> str | ApiKey:
+    """A plain key string, or ``{key, role, classes, class_override}``."""
+    where = f"api_keys[{index}]"
+    if isinstance(data, str | int):
+        return str(data)
+    _check(isinstance(data, Mapping), where, "expected a key or a mapping with `key`")
+    _known(_fields(ApiKey), data, where)
+    _check(isinstance(data.get("key"), str) and bool(data["key"]), f"{where}.key", "required")
+    _check(data.get("role", "user") in ROLES, f"{where}.role", f"expected one of {ROLES}")
+    classes = tuple(data.get("classes", CLASSES))
+    _check(set(classes) <= set(CLASSES), f"{where}.classes", f"expected some of {CLASSES}")
+    override = data.get("class_override", False)
+    _check(isinstance(override, bool), f"{where}.class_override", "expected true or false")
+    role = str(data.get("role", "user"))
+    return ApiKey(key=data["key"], role=role, classes=classes, class_override=override)
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
@@ -268,8 +314,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     body = dict(data)
     targets = _targets(body)
     engines = _engines(body.pop("engines", None), targets)
-    override = _class_override(body.pop("class_override", True))
-    keys = tuple(str(k) for k in body.pop("api_keys", ()) or ())
+    override = _class_override(body.pop("class_override", None))
+    keys = tuple(_api_key(k, i) for i, k in enumerate(body.pop("api_keys", ()) or ()))
     try:
         settings = Settings(
             engines=engines, class_override=override, api_keys=keys, **_typed(Settings, body, "")

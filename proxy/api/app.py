@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.api.auth import KeyGuard
 from proxy.api.errors import install_error_handlers
 from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
@@ -42,6 +43,7 @@ def create_app(
 
     app = FastAPI(title="whoseturn", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(KeyGuard, settings=settings)
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)

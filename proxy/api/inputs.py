@@ -11,9 +11,10 @@ from typing import Any
 
 from fastapi import Request
 
+from proxy.api.auth import bearer_token, find_key, may_override, unauthorized
 from proxy.api.body import BodyError, check_completion, parse_json
 from proxy.api.errors import APIError, bad_request
-from proxy.config import Settings
+from proxy.config import ApiKey, Settings
 from proxy.scheduler import TrafficClass
 
 CLASS_HEADER = "x-whoseturn-class"
@@ -48,30 +49,45 @@ def read_completion(body: Json, path: str) -> Json:
 
 
 def api_key(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    """The request's bearer token, if it has one."""
+    return bearer_token(request.headers.raw)
 
 
-def check_api_key(request: Request, settings: Settings) -> None:
-    if settings.api_keys and api_key(request) not in settings.api_keys:
-        raise APIError(401, "Invalid or missing API key.", err_type="authentication_error")
+def check_api_key(request: Request, settings: Settings) -> ApiKey | None:
+    """The caller's key (401 if keys are set and it has none of them)."""
+    if not settings.api_keys:
+        return None
+    key = find_key(settings, api_key(request))
+    if key is None:
+        raise unauthorized()
+    return key
 
 
 def traffic_class(request: Request, default: TrafficClass, settings: Settings) -> TrafficClass:
-    """The route's class, or the one ``X-Whoseturn-Class`` asks for where allowed."""
+    """The route's class, or the one ``X-Whoseturn-Class`` asks for where allowed;
+    403 for a class the caller's key may not use."""
+    key = check_api_key(request, settings)
+    cls = default
     wanted = request.headers.get(CLASS_HEADER)
-    if wanted is None:
-        return default
+    if wanted is not None:
+        cls = _wanted_class(wanted)
+        if not may_override(settings, api_key(request), key):
+            raise APIError(
+                403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error"
+            )
+    if key is not None and cls.value not in key.classes:
+        raise APIError(
+            403, f"This API key may not use the {cls.value} class.", err_type="permission_error"
+        )
+    return cls
+
+
+def _wanted_class(wanted: str) -> TrafficClass:
     try:
-        cls = TrafficClass(wanted.strip().lower())
+        return TrafficClass(wanted.strip().lower())
     except ValueError:
         names = [c.value for c in TrafficClass]
         raise bad_request(f"X-Whoseturn-Class must be one of {names}.") from None
-    allowed = settings.class_override
-    if allowed is True or (isinstance(allowed, tuple) and api_key(request) in allowed):
-        return cls
-    raise APIError(403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error")
 
 
 def prompt_text(body: Json, chat: bool | None = None) -> str:

@@ -38,7 +38,7 @@ def test_defaults_for_a_bare_url() -> None:
     s = settings_from_dict({"engines": [URL + "/"]})
     assert s.engines == (EngineConfig(url=URL, name="engine-0"),)
     assert s.engines[0].budget == BudgetConfig()
-    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, True, ())
+    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, None, ())
 
 
 def test_engine_mapping_in_full() -> None:
