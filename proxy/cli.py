@@ -189,10 +189,8 @@ def _turn(proxy: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from proxy.api.app import create_app
     from proxy.config import load_settings
+    from proxy.serve import serve
 
     overrides = {
         "engines": [{"url": u} for u in args.engine] if args.engine else None,
@@ -202,9 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
         "gap_target_s": args.gap_target_s,
     }
     settings = load_settings(args.config, overrides)
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
-    return 0
+    return serve(settings, args.log_level.lower())
 
 
 def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:

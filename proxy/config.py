@@ -16,6 +16,7 @@ typo stops the proxy at start rather than at the first request. Example file::
     first_byte_timeout_s: 60      # an engine's answer must begin (headers, first chunk)
     idle_timeout_s: 30            # then no silence longer than this between chunks
     outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
+    drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -29,7 +30,8 @@ typo stops the proxy at start rather than at the first request. Example file::
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
-``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``.
+``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
+``WHOSETURN_DRAIN_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ class Settings:
     first_byte_timeout_s: float = 60.0
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
+    drain_timeout_s: float = 30.0
 
     def key_policies(self) -> tuple[ApiKey, ...]:
         """Every API key with its policy (a plain string is a ``user`` key)."""
@@ -337,6 +340,7 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "timeouts",
         "first_byte_timeout_s and idle_timeout_s must be positive",
     )
+    _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
@@ -351,6 +355,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_MAX_BODY_BYTES": ("max_body_bytes", int),
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
+    "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
 }
 
 

@@ -24,14 +24,14 @@ import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from proxy.admission import Admitted
+from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
 from proxy.api.errors import engine_failed, engine_unavailable
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
-from proxy.api.servable import unservable
+from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
 from proxy.config import Settings
 from proxy.engines import (
@@ -141,6 +141,9 @@ class Forwarder:
                 arrival=ticket.arrival, affinity=req.affinity,
             )  # fmt: skip
             admitted = await admission.admit(job)
+        except Closed:
+            self._count(ticket, "", "rejected")  # queued when the drain began
+            raise shutting_down() from None
         except anyio.get_cancelled_exc_class():
             self._count(ticket, "", "cancelled")  # the client left while it waited
             raise
@@ -314,12 +317,36 @@ class RelayResponse(StreamingResponse):
         if self._closed:
             return
         self._closed = True
+        if self.outcome == "cancelled" and self.relay.services.admission.closed:
+            logger.warning(
+                "stream %s aborted upstream on %s: the drain timeout passed",
+                self.relay.ticket.id,
+                self.relay.engine,
+            )
         await close_shielded(self.stack)
         self.relay.finish(self.outcome)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, tracked)
+        except anyio.get_cancelled_exc_class():
+            if not self.relay.services.admission.closed:
+                raise
+            # The drain timeout passed (the server cancels what is still running):
+            # end the stream properly instead, once the upstream is closed.
+            with anyio.CancelScope(shield=True):
+                await self._gen.aclose()  # type: ignore[attr-defined]
+                await self._close()
+                if started:
+                    end = sse_error("The proxy is shutting down; the stream was cut off.") + DONE
+                    await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:
             with anyio.CancelScope(shield=True):
                 await self._gen.aclose()  # type: ignore[attr-defined]

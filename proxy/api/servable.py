@@ -3,6 +3,7 @@
 - A model no engine is known to serve is a 404, unless some engine's models are
   not known (it was unreachable when the proxy started): then nobody can say the
   model does not exist, and the answer is 503 naming those engines and why.
+- A draining proxy (after SIGTERM) starts nothing: 503 with ``Retry-After``.
 - A known model whose engines are all down is a 503 naming them and why, for
   interactive requests (they do not wait). Batch requests wait in the queue for
   an engine to come back.
@@ -24,6 +25,8 @@ def unservable(
     """The error to answer for a request for ``model`` of class ``cls``, or ``None``
     if it may go on (see the module docstring)."""
     retry_after = max(1, math.ceil(monitor.settings.health_interval_s))
+    if admission.closed:
+        return shutting_down()
     if model not in admission.models():
         unknown = admission.engines_without_models()
         if not unknown:
@@ -37,6 +40,11 @@ def unservable(
         engines = _why(admission.engines_for(model), monitor)
         return engine_unavailable(f"No engine serving `{model}` is up: {engines}.", retry_after)
     return None
+
+
+def shutting_down() -> APIError:
+    """The answer to a request the draining proxy will not start."""
+    return engine_unavailable("The proxy is shutting down; retry on another replica.", 1)
 
 
 def _why(names: list[str], monitor: EngineMonitor) -> str:

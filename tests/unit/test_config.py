@@ -260,3 +260,10 @@ def test_read_timeouts_from_the_env(tmp_path: Path) -> None:
 def test_timeouts_and_outlier_threshold_refuse_nonsense(key: str, value: float) -> None:
     with pytest.raises(ConfigError, match=rf"^({key}|timeouts):"):
         settings_from_dict({"engines": [URL], key: value})
+
+
+def test_drain_timeout_from_the_env_and_never_negative(tmp_path: Path) -> None:
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_DRAIN_TIMEOUT_S": "7"}
+    assert load(tmp_path, env).drain_timeout_s == 7.0
+    with pytest.raises(ConfigError, match=r"^drain_timeout_s:"):
+        settings_from_dict({"engines": [URL], "drain_timeout_s": -1})
