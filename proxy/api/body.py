@@ -96,7 +96,20 @@ class StreamOptions(_Open):
     include_usage: bool | None = None
 
 
+# As vLLM: non-empty ``stream_options`` only with ``stream: true`` (JSON Schema, so
+# that the published schema says what :func:`check_completion` does).
+_OPTIONS_NEED_STREAM: dict[str, Any] = {
+    "if": {
+        "required": ["stream_options"],
+        "properties": {"stream_options": {"type": "object", "minProperties": 1}},
+    },
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+
+
 class _Request(_Open):
+    model_config = ConfigDict(json_schema_extra=_OPTIONS_NEED_STREAM)
+
     model: Annotated[str, Field(min_length=1)]
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -118,7 +131,14 @@ class ChatCompletionRequest(_Request):
     messages: Annotated[list[Message], Field(min_length=1)]
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+# Text, token ids, or a batch of either; vLLM refuses empty lists, so do we.
+Prompt = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(min_length=1)]
+)
 
 
 class CompletionRequest(_Request):

@@ -45,6 +45,17 @@ class Readiness(BaseModel):
     engines_up: list[str]
 
 
+# One server-sent event (a JSON chunk, an error object, or ``[DONE]`` in ``data``).
+SSE_EVENT: Json = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
 ERRORS = {
     400: "The body is not a request the proxy can read (JSON, types, stream options).",
     401: "Missing or unknown API key (when `api_keys` is set).",
@@ -89,7 +100,7 @@ def completion_route_docs(chat: bool) -> Json:
         "server-sent events ending with `data: [DONE]`.",
         "content": {
             "application/json": {"schema": {"type": "object", "additionalProperties": True}},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": SSE_EVENT},
         },
     }
     responses: dict[int | str, Json] = {200: answer}

@@ -80,6 +80,17 @@ def from_http_exception(request: Request, exc: HTTPException) -> APIError:
     return APIError(exc.status_code, message, err_type=err_type, code=exc.status_code)
 
 
+def validation_error(exc: RequestValidationError) -> APIError:
+    """FastAPI's 422 (a bad query parameter) in OpenAI's shape, naming the parameter
+    and not repeating the input."""
+    errors = exc.errors()
+    if not errors:
+        return APIError(422, "The request is not valid.")
+    first = errors[0]
+    param = str(first.get("loc", ("",))[-1])
+    return APIError(422, f"`{param}`: {first.get('msg', 'not valid')}.", param=param)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
@@ -90,7 +101,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return from_http_exception(request, exc).response(dict(exc.headers or {}))
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
-        return bad_request(str(exc)).response()
+        assert isinstance(exc, RequestValidationError)
+        return validation_error(exc).response()
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)

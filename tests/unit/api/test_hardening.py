@@ -149,6 +149,15 @@ async def test_unknown_routes_and_methods_are_openai_shaped(
         assert "allow" in response.headers
 
 
+async def test_a_bad_query_parameter_is_an_openai_422_without_internals() -> None:
+    engines = FakeEngines()
+    async with running(engines.settings(), engines) as (client, _):
+        response = await client.get("/turn/log", params={"limit": "lots"})
+    error = assert_openai_error(response, 422)
+    assert error["param"] == "limit"
+    assert "File" not in error["message"] and "lots" not in error["message"]
+
+
 async def test_an_unexpected_error_is_an_openai_500_logged_once_without_the_body(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,8 @@ async def test_completion_routes_declare_their_bodies_and_answers(
     assert schema["required"] == required
     assert schema["additionalProperties"] is True  # other fields go to the engine
     assert {"type": "boolean"} in schema["properties"]["stream"]["anyOf"]
+    # stream_options only with stream: true, as the proxy (and vLLM) refuses it
+    assert schema["then"] == {"required": ["stream"], "properties": {"stream": {"const": True}}}
     assert "$ref" not in json.dumps(schema)  # nothing left unresolved
     answers = operation["responses"]
     assert set(answers["200"]["content"]) == {"application/json", "text/event-stream"}
