@@ -354,3 +354,33 @@ def test_no_generated_body_gets_a_5xx_on_any_route() -> None:
         check()
     print(f"statuses over {sum(seen.values())} generated requests: {seen}")
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0  # both sides were reached
+
+
+class TokenizeRefuses(FakeEngines):
+    """Engines whose ``/tokenize`` answers ``status``."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status = status
+        self.asked = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            self.asked += 1
+            return httpx.Response(self.status, json={"error": {"message": "no"}})
+        return await super().__call__(request)
+
+
+@pytest.mark.parametrize(("status", "warned"), [(400, False), (500, True)])
+async def test_a_prompt_the_engine_cannot_count_is_estimated_and_warned_only_if_not_the_clients(
+    caplog: pytest.LogCaptureFixture, status: int, warned: bool
+) -> None:
+    engines = TokenizeRefuses(status)
+    async with running(engines.settings(), engines) as (client, _):
+        with caplog.at_level(logging.DEBUG):
+            response = await client.post("/batch" + CHAT, json=valid_body(CHAT))
+    assert response.status_code == 200
+    assert engines.asked == 1
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert bool(warnings) is warned
+    assert "tokenize failed" in caplog.text
