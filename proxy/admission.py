@@ -44,21 +44,33 @@ class Admitted:
         return cls(job.id, dispatch.engine, dispatch.attempt, job.arrival, dispatch.at)
 
 
+class Closed(Exception):
+    """The proxy is draining: no job waits for a turn any more."""
+
+
 class Admission:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._waiters: dict[str, asyncio.Future[Admitted]] = {}
+        self.closed = False
 
     async def admit(self, job: Job) -> Admitted:
         """Queue ``job`` and return its dispatch; raises :class:`UnknownModel` if no
-        engine serves its model."""
+        engine serves its model, :class:`Closed` once :meth:`close` was called."""
+        if self.closed:
+            raise Closed
         future = self._hold_place(job.id)
         return await self._wait(job.id, future, job)
 
     async def readmit(self, job_id: str) -> Admitted:
         """After :meth:`failed` requeued the job, its next dispatch (which may have
         been chosen already)."""
-        future = self._waiters.get(job_id) or self._hold_place(job_id)
+        future = self._waiters.get(job_id)
+        if future is None:
+            if self.closed:
+                self.abandon(job_id)
+                raise Closed
+            future = self._hold_place(job_id)
         return await self._wait(job_id, future, None)
 
     async def _wait(
@@ -76,6 +88,16 @@ class Admission:
             raise
         finally:
             self._waiters.pop(job_id, None)
+
+    def close(self) -> int:
+        """Drain: every job still waiting for its turn, and every later one, fails
+        with :class:`Closed`; jobs already dispatched run on. Returns how many
+        were waiting."""
+        self.closed = True
+        waiting = [f for f in self._waiters.values() if not f.done()]
+        for future in waiting:
+            future.set_exception(Closed())
+        return len(waiting)
 
     def _hold_place(self, job_id: str) -> asyncio.Future[Admitted]:
         future: asyncio.Future[Admitted] = asyncio.get_running_loop().create_future()
@@ -151,6 +173,10 @@ class Admission:
     def engines_up_for(self, model: str) -> list[str]:
         """The up engines serving ``model``, in configuration order."""
         return self._scheduler.engines_up_for(model)
+
+    def engines_for(self, model: str) -> list[str]:
+        """Every engine serving ``model``, up or not, in configuration order."""
+        return self._scheduler.engines_for(model)
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()

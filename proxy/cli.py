@@ -32,6 +32,10 @@ ENV_VARS = (
     "WHOSETURN_PORT",
     "WHOSETURN_TTFT_TARGET_S",
     "WHOSETURN_GAP_TARGET_S",
+    "WHOSETURN_MAX_BODY_BYTES",
+    "WHOSETURN_FIRST_BYTE_TIMEOUT_S",
+    "WHOSETURN_IDLE_TIMEOUT_S",
+    "WHOSETURN_DRAIN_TIMEOUT_S",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 
@@ -168,13 +172,13 @@ def serve(
     *,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
-    run: Callable[..., Any] | None = None,
+    run: Callable[[Settings, str], int] | None = None,
 ) -> int:
-    """``whoseturn serve``: load the settings, log where they came from, run the app.
+    """``whoseturn serve``: load the settings, log where they came from, run the proxy
+    until SIGTERM and its drain; the exit status.
 
-    ``run(app, host=, port=, log_level=)`` serves the app (default ``uvicorn.run``).
+    ``run(settings, log_level)`` runs the proxy (default :func:`proxy.serve.serve`).
     """
-    from proxy.api.app import create_app
     from proxy.config import load_settings
 
     env = os.environ if env is None else env
@@ -189,14 +193,12 @@ def serve(
     }
     settings = load_settings(str(file) if file else None, overrides, env=env, cwd=cwd)
     log_sources(file, env, engines_given=bool(args.engine), cwd=cwd)
-    app = create_app(settings)
     log_addresses(settings)
     if run is None:
-        import uvicorn
+        from proxy.serve import serve as serve_and_drain
 
-        run = uvicorn.run
-    run(app, host=settings.host, port=settings.port, log_level=args.log_level)
-    return 0
+        run = serve_and_drain
+    return run(settings, args.log_level)
 
 
 def settings_file(config: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:

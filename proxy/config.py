@@ -6,7 +6,17 @@ typo stops the proxy at start rather than at the first request. Example file::
     port: 8080
     ttft_target_s: 0.3            # interactive TTFT target (the budget loop aims below)
     gap_target_s: 0.1             # interactive inter-token gap target (p95)
-    class_override: true          # honour X-Whoseturn-Class (or a list of API keys)
+    class_override: true          # X-Whoseturn-Class: true (anyone), false, a list of keys;
+                                  # unset: anyone without api_keys, else keys that allow it
+    api_keys:                     # unset: no key needed; see docs/security.md
+      - sk-plain-key              # a plain key: role user, no class override
+      - {key: sk-dash, role: read}                  # reads only: /metrics, /turn, ...
+      - {key: sk-pipe, classes: [batch], class_override: false}
+    max_body_bytes: 8388608       # larger request bodies are refused with 413
+    first_byte_timeout_s: 60      # an engine's answer must begin (headers, first chunk)
+    idle_timeout_s: 30            # then no silence longer than this between chunks
+    outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
+    drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -19,7 +29,9 @@ typo stops the proxy at start rather than at the first request. Example file::
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
-``WHOSETURN_GAP_TARGET_S``.
+``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
+``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
+``WHOSETURN_DRAIN_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -135,6 +147,26 @@ class EngineConfig:
         _check(0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]")
 
 
+ROLES = ("user", "read")
+CLASSES = ("interactive", "batch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiKey:
+    """One API key and its policy. ``role``: ``user`` may use every route, ``read``
+    only the reads (models, metrics, turn, status, API docs; for dashboards and
+    Prometheus). ``classes``: the traffic classes it may use. ``class_override``:
+    whether it may choose its class by the ``X-Whoseturn-Class`` header."""
+
+    key: str
+    role: str = "user"
+    classes: tuple[str, ...] = CLASSES
+    class_override: bool = False
+
+    def __repr__(self) -> str:  # never the key itself
+        return f"ApiKey(role={self.role!r}, classes={self.classes!r})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     engines: tuple[EngineConfig, ...]
@@ -142,13 +174,22 @@ class Settings:
     port: int = 8080
     ttft_target_s: float = 0.300
     gap_target_s: float = 0.100
-    class_override: bool | tuple[str, ...] = True
-    api_keys: tuple[str, ...] = ()
+    class_override: bool | tuple[str, ...] | None = None
+    api_keys: tuple[str | ApiKey, ...] = ()
     health_interval_s: float = 1.0
     scrape_interval_s: float = 1.0
     unhealthy_after: int = 2
     connect_timeout_s: float = 2.0
     decision_log_size: int = 1000
+    max_body_bytes: int = 8 * 1024 * 1024
+    first_byte_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    outlier_consecutive_errors: int = 5
+    drain_timeout_s: float = 30.0
+
+    def key_policies(self) -> tuple[ApiKey, ...]:
+        """Every API key with its policy (a plain string is a ``user`` key)."""
+        return tuple(k if isinstance(k, ApiKey) else ApiKey(key=k) for k in self.api_keys)
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -242,15 +283,32 @@ def _engines(data: Any, targets: Mapping[str, float]) -> tuple[EngineConfig, ...
     return parsed
 
 
-def _class_override(value: Any) -> bool | tuple[str, ...]:
+def _class_override(value: Any) -> bool | tuple[str, ...] | None:
     if isinstance(value, list | tuple):
         value = tuple(str(k) for k in value)
     _check(
-        isinstance(value, bool | tuple),
+        value is None or isinstance(value, bool | tuple),
         "class_override",
         "expected true, false or a list of API keys",
     )
     return value  # type: ignore[no-any-return]
+
+
+def _api_key(data: Any, index: int) -> str | ApiKey:
+    """A plain key string, or ``{key, role, classes, class_override}``."""
+    where = f"api_keys[{index}]"
+    if isinstance(data, str | int):
+        return str(data)
+    _check(isinstance(data, Mapping), where, "expected a key or a mapping with `key`")
+    _known(_fields(ApiKey), data, where)
+    _check(isinstance(data.get("key"), str) and bool(data["key"]), f"{where}.key", "required")
+    _check(data.get("role", "user") in ROLES, f"{where}.role", f"expected one of {ROLES}")
+    classes = tuple(data.get("classes", CLASSES))
+    _check(set(classes) <= set(CLASSES), f"{where}.classes", f"expected some of {CLASSES}")
+    override = data.get("class_override", False)
+    _check(isinstance(override, bool), f"{where}.class_override", "expected true or false")
+    role = str(data.get("role", "user"))
+    return ApiKey(key=data["key"], role=role, classes=classes, class_override=override)
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
@@ -259,8 +317,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     body = dict(data)
     targets = _targets(body)
     engines = _engines(body.pop("engines", None), targets)
-    override = _class_override(body.pop("class_override", True))
-    keys = tuple(str(k) for k in body.pop("api_keys", ()) or ())
+    override = _class_override(body.pop("class_override", None))
+    keys = tuple(_api_key(k, i) for i, k in enumerate(body.pop("api_keys", ()) or ()))
     try:
         settings = Settings(
             engines=engines, class_override=override, api_keys=keys, **_typed(Settings, body, "")
@@ -276,6 +334,16 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
     _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
     _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
+    _check(settings.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+    _check(
+        settings.first_byte_timeout_s > 0 and settings.idle_timeout_s > 0,
+        "timeouts",
+        "first_byte_timeout_s and idle_timeout_s must be positive",
+    )
+    _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+    _check(
+        settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
+    )
     return settings
 
 
@@ -284,6 +352,10 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_PORT": ("port", int),
     "WHOSETURN_TTFT_TARGET_S": ("ttft_target_s", float),
     "WHOSETURN_GAP_TARGET_S": ("gap_target_s", float),
+    "WHOSETURN_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
+    "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
+    "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
 }
 
 

@@ -31,7 +31,7 @@ import httpx
 from proxy.admission import Admission
 from proxy.api.forward import Forwarder
 from proxy.api.prompts import PromptCounter
-from proxy.api.relay import Services
+from proxy.api.relay import ReadTimeouts, Services
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
@@ -89,7 +89,8 @@ async def build(
     urls = {c.name: c.url for c in settings.engines}
     metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
     counter = PromptCounter(pool, admission.engines_up_for)
-    services = Services(admission, metrics, clock, counter)
+    timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
+    services = Services(admission, metrics, clock, counter, timeouts)
     forwarder = Forwarder(settings, pool, monitor, services)
     return ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder

@@ -14,7 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.api.auth import KeyGuard
+from proxy.api.docs import ModelList, Readiness, completion_route_docs, error_responses
 from proxy.api.errors import install_error_handlers
+from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
@@ -41,10 +44,21 @@ def create_app(
 
     app = FastAPI(title="whoseturn", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(KeyGuard, settings=settings)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)
     install_status_route(app)
     return app
+
+
+METRICS_DOC: dict[int | str, dict[str, object]] = {
+    200: {
+        "description": "Prometheus text exposition format.",
+        "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+    },
+    **error_responses(401),
+}
 
 
 def _state(request: Request) -> ProxyState:
@@ -58,13 +72,15 @@ def _routes(app: FastAPI) -> None:
             return await _state(request).forwarder.handle(request, path, cls)
 
         prefix = "/batch" if cls is TrafficClass.BATCH else ""
-        app.add_api_route(prefix + path, handler, methods=["POST"], name=f"{cls}{path}")
+        docs = completion_route_docs(chat=path.endswith("/chat/completions"))
+        app.add_api_route(prefix + path, handler, methods=["POST"], name=f"{cls}{path}", **docs)
 
     for path in ("/v1/chat/completions", "/v1/completions"):
         forward(path, TrafficClass.INTERACTIVE)
         forward(path, TrafficClass.BATCH)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(401))
+    @app.get("/batch/v1/models", response_model=ModelList, responses=error_responses(401))
     async def models(request: Request) -> JSONResponse:
         state = _state(request)
         check_api_key(request, state.settings)
@@ -74,18 +90,18 @@ def _routes(app: FastAPI) -> None:
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: {"description": "The proxy is alive."}})
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
     async def readyz(request: Request) -> JSONResponse:
         monitor = _state(request).monitor
         up = [n for n, ok in monitor.up.items() if ok and monitor.failures[n] == 0]
         ready = monitor.health_rounds > 0 and bool(up)
         return JSONResponse({"ready": ready, "engines_up": up}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=METRICS_DOC)
     async def metrics(request: Request) -> Response:
         """A read: the scheduler's gauges are read as they stand, nothing runs."""
         registry = _state(request).metrics.registry

@@ -24,13 +24,14 @@ import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from proxy.admission import Admitted
+from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
-from proxy.api.errors import engine_failed, engine_unavailable, model_not_found
+from proxy.api.errors import engine_failed, engine_unavailable
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
+from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
 from proxy.config import Settings
 from proxy.engines import (
@@ -38,6 +39,7 @@ from proxy.engines import (
     EngineMonitor,
     EnginePool,
     EngineUnavailable,
+    UpstreamError,
     map_stream_error,
 )
 from proxy.scheduler import Job, TrafficClass
@@ -122,13 +124,11 @@ class Forwarder:
             return Response(status_code=499)
 
     def _check_servable(self, req: ChatRequest) -> None:
-        admission = self.services.admission
-        if req.model not in admission.models():
-            raise model_not_found(req.model)
-        if req.cls is TrafficClass.INTERACTIVE and not admission.engines_up_for(req.model):
-            # Interactive work does not wait for an engine to come back: 503 now.
-            self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
-            raise engine_unavailable(f"No engine serving `{req.model}` is up.")
+        error = unservable(req.model, req.cls, self.services.admission, self.monitor)
+        if error is not None:
+            if error.status == 503:
+                self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
+            raise error
 
     async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
         """The job's next dispatch: queued first, or requeued after a failure."""
@@ -141,6 +141,9 @@ class Forwarder:
                 arrival=ticket.arrival, affinity=req.affinity,
             )  # fmt: skip
             admitted = await admission.admit(job)
+        except Closed:
+            self._count(ticket, "", "rejected")  # queued when the drain began
+            raise shutting_down() from None
         except anyio.get_cancelled_exc_class():
             self._count(ticket, "", "cancelled")  # the client left while it waited
             raise
@@ -157,7 +160,9 @@ class Forwarder:
             body = ticket.req.body_for(client.config.scheduling_policy)
             stack = AsyncExitStack()
             try:
-                response = await stack.enter_async_context(client.stream(ticket.req.path, body))
+                timeout = self.settings.first_byte_timeout_s
+                opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
+                response = await stack.enter_async_context(opening)
                 return Opened(admitted, response, stack)
             except BaseException as exc:
                 await close_shielded(stack)
@@ -168,7 +173,7 @@ class Forwarder:
         the client is to see."""
         engine = admitted.engine
         if isinstance(exc, EngineUnavailable):
-            self.monitor.mark_failed(engine)
+            self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
             raise engine_unavailable(f"No engine could take the request: {exc}") from exc
@@ -178,6 +183,7 @@ class Forwarder:
                 self._count(ticket, engine, "client_error")
                 self.services.admission.finished(ticket.id)
                 raise PassThrough(exc, headers) from exc
+            self.monitor.request_failed(engine, exc)
             if self._retry(ticket, engine, exc):
                 return
             raise PassThrough(exc, headers) from exc
@@ -216,8 +222,9 @@ class Forwarder:
                 async for event in relay.events():
                     if event.data is not None:
                         assembler.add(event.data)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, UpstreamError) as exc:
                 error = map_stream_error(opened.engine, exc)
+                self.monitor.request_failed(opened.engine, error)
                 if retried := self._retry(ticket, opened.engine, error):
                     continue
                 raise engine_failed(f"The engine failed mid-answer: {error}") from exc
@@ -237,12 +244,14 @@ class Forwarder:
             status = code if isinstance(code, int) and 400 <= code < 600 else 500
             return JSONResponse({"error": error}, status_code=status, headers=headers)
         relay.finish("ok")
+        self.monitor.request_succeeded(relay.engine)
         return JSONResponse(asm.body(), headers=headers)
 
     def _stream(self, ticket: Ticket, opened: Opened) -> Response:
         relay = Relay(ticket, opened.admitted, opened.response, self.services)
         headers = self._headers(ticket, opened.admitted)
-        return RelayResponse(relay, opened.stack, ticket.req.wish.include_usage, headers)
+        wish = ticket.req.wish
+        return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
 
 
 class PassThrough(Exception):
@@ -273,12 +282,14 @@ class RelayResponse(StreamingResponse):
         stack: AsyncExitStack,
         include_usage: bool,
         headers: dict[str, str],
+        monitor: EngineMonitor,
     ) -> None:
         self._gen = self._bytes()
         super().__init__(self._gen, media_type="text/event-stream", headers=headers)
         self.relay = relay
         self.stack = stack
         self.include_usage = include_usage
+        self.monitor = monitor
         self.outcome = "cancelled"
         self._closed = False
 
@@ -289,8 +300,10 @@ class RelayResponse(StreamingResponse):
                     continue
                 yield event.raw
             self.outcome = "engine_error" if self.relay.stats.engine_error else "ok"
-        except httpx.HTTPError as exc:
+            self.monitor.request_succeeded(self.relay.engine)
+        except (httpx.HTTPError, UpstreamError) as exc:
             error = map_stream_error(self.relay.engine, exc)
+            self.monitor.request_failed(self.relay.engine, error)
             self.outcome = "engine_error"
             logger.warning(
                 "stream %s broke on %s: %s", self.relay.ticket.id, self.relay.engine, error
@@ -304,12 +317,36 @@ class RelayResponse(StreamingResponse):
         if self._closed:
             return
         self._closed = True
+        if self.outcome == "cancelled" and self.relay.services.admission.closed:
+            logger.warning(
+                "stream %s aborted upstream on %s: the drain timeout passed",
+                self.relay.ticket.id,
+                self.relay.engine,
+            )
         await close_shielded(self.stack)
         self.relay.finish(self.outcome)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, tracked)
+        except anyio.get_cancelled_exc_class():
+            if not self.relay.services.admission.closed:
+                raise
+            # The drain timeout passed (the server cancels what is still running):
+            # end the stream properly instead, once the upstream is closed.
+            with anyio.CancelScope(shield=True):
+                await self._gen.aclose()  # type: ignore[attr-defined]
+                await self._close()
+                if started:
+                    end = sse_error("The proxy is shutting down; the stream was cut off.") + DONE
+                    await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:
             with anyio.CancelScope(shield=True):
                 await self._gen.aclose()  # type: ignore[attr-defined]

@@ -11,8 +11,10 @@ from typing import Any
 
 from fastapi import Request
 
+from proxy.api.auth import bearer_token, find_key, may_override, unauthorized
+from proxy.api.body import BodyError, check_completion, parse_json
 from proxy.api.errors import APIError, bad_request
-from proxy.config import Settings
+from proxy.config import ApiKey, Settings
 from proxy.scheduler import TrafficClass
 
 CLASS_HEADER = "x-whoseturn-class"
@@ -20,52 +22,82 @@ Json = dict[str, Any]
 
 
 async def read_json(request: Request) -> Json:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
-    raw = await request.body()
+    """The body as a JSON object: 415 unless it is declared JSON, 400 for what
+    :func:`proxy.api.body.parse_json` refuses."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise APIError(
+            415,
+            "The request body must be JSON (Content-Type: application/json).",
+            code="unsupported_media_type",
+        )
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+        body = parse_json(await request.body())
+    except BodyError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("`model` is required and must be a string.", param="model")
     return body
 
 
+def read_completion(body: Json, path: str) -> Json:
+    """``body`` checked as a request to the completion route ``path`` (400 if not)."""
+    try:
+        return check_completion(body, chat=path.endswith("/chat/completions"))
+    except BodyError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
+
+
 def api_key(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    """The request's bearer token, if it has one."""
+    return bearer_token(request.headers.raw)
 
 
-def check_api_key(request: Request, settings: Settings) -> None:
-    if settings.api_keys and api_key(request) not in settings.api_keys:
-        raise APIError(401, "Invalid or missing API key.", err_type="authentication_error")
+def check_api_key(request: Request, settings: Settings) -> ApiKey | None:
+    """The caller's key (401 if keys are set and it has none of them)."""
+    if not settings.api_keys:
+        return None
+    key = find_key(settings, api_key(request))
+    if key is None:
+        raise unauthorized()
+    return key
 
 
 def traffic_class(request: Request, default: TrafficClass, settings: Settings) -> TrafficClass:
-    """The route's class, or the one ``X-Whoseturn-Class`` asks for where allowed."""
+    """The route's class, or the one ``X-Whoseturn-Class`` asks for where allowed;
+    403 for a class the caller's key may not use."""
+    key = check_api_key(request, settings)
+    cls = default
     wanted = request.headers.get(CLASS_HEADER)
-    if wanted is None:
-        return default
+    if wanted is not None:
+        cls = _wanted_class(wanted)
+        if not may_override(settings, api_key(request), key):
+            raise APIError(
+                403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error"
+            )
+    if key is not None and cls.value not in key.classes:
+        raise APIError(
+            403, f"This API key may not use the {cls.value} class.", err_type="permission_error"
+        )
+    return cls
+
+
+def _wanted_class(wanted: str) -> TrafficClass:
     try:
-        cls = TrafficClass(wanted.strip().lower())
+        return TrafficClass(wanted.strip().lower())
     except ValueError:
         names = [c.value for c in TrafficClass]
         raise bad_request(f"X-Whoseturn-Class must be one of {names}.") from None
-    allowed = settings.class_override
-    if allowed is True or (isinstance(allowed, tuple) and api_key(request) in allowed):
-        return cls
-    raise APIError(403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error")
 
 
-def prompt_text(body: Json) -> str:
-    """The prompt's text as the engine will see it, near enough to estimate its size."""
-    if "messages" in body:
+def prompt_text(body: Json, chat: bool | None = None) -> str:
+    """The prompt's text as the engine will see it, near enough to estimate its size:
+    the ``messages`` of a chat request (``chat``; by default, a body that has them),
+    else the ``prompt``."""
+    if chat if chat is not None else "messages" in body:
+        messages = body.get("messages")
         parts = []
-        for m in body.get("messages") or []:
+        for m in messages if isinstance(messages, list) else []:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
@@ -97,7 +129,7 @@ class StreamWish:
 
 
 def stream_wish(body: Json) -> StreamWish:
-    stream = bool(body.get("stream"))
+    stream = body.get("stream") is True
     options = body.get("stream_options")
     usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
     return StreamWish(stream, usage)
@@ -151,9 +183,10 @@ async def read_request(
     request: Request, path: str, default: TrafficClass, settings: Settings
 ) -> ChatRequest:
     """Read and check the client's request (400/403 on what is wrong with it)."""
-    body = await read_json(request)
-    messages = body.get("messages")
-    text = prompt_text(body)
+    body = read_completion(await read_json(request), path)
+    chat = path.endswith("/chat/completions")
+    messages = body.get("messages") if chat else None
+    text = prompt_text(body, chat)
     return ChatRequest(
         path=path,
         cls=traffic_class(request, default, settings),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.api.inputs import ChatRequest
-from proxy.engines import EnginePool, UpstreamError
+from proxy.engines import EngineHTTPError, EnginePool, UpstreamError
 from proxy.scheduler import TrafficClass
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,12 @@ class PromptCounter:
                 return await client.count_tokens(req.model, messages=req.messages)
             return await client.count_tokens(req.model, prompt=req.prompt)
         except (UpstreamError, ValueError) as exc:
-            # A malformed prompt is the engine's to reject; count it roughly.
-            logger.warning("tokenize failed on %s, estimating: %s", client.name, exc)
+            # A malformed prompt is the engine's to reject; count it roughly. The
+            # client's doing (a 4xx, a bad shape) is no warning: any client could
+            # fill the log with it.
+            clients = isinstance(exc, ValueError) or (
+                isinstance(exc, EngineHTTPError) and exc.status < 500
+            )
+            level = logging.DEBUG if clients else logging.WARNING
+            logger.log(level, "tokenize failed on %s, estimating: %s", client.name, exc)
             return None

@@ -24,18 +24,29 @@ from proxy.api.inputs import ChatRequest
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.clock import Clock
+from proxy.engines import EngineTimeout
 from proxy.metrics import ProxyMetrics
+
+
+@dataclass(frozen=True)
+class ReadTimeouts:
+    """How long an engine's stream may stay silent: before its first chunk
+    (``first_byte_s``), then between chunks (``idle_s``)."""
+
+    first_byte_s: float = 60.0
+    idle_s: float = 30.0
 
 
 @dataclass(frozen=True)
 class Services:
     """What the request path reports to: the scheduler's door, the metrics, the
-    clock, and the prompt counter."""
+    clock, and the prompt counter; and the read timeouts it keeps."""
 
     admission: Admission
     metrics: ProxyMetrics
     clock: Clock
     counter: PromptCounter
+    timeouts: ReadTimeouts = ReadTimeouts()
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,8 @@ class Relay:
         self._labels = (ticket.req.cls.value, admitted.engine)
 
     async def events(self) -> AsyncIterator[SSEEvent]:
-        """The engine's events as they complete; read errors propagate (httpx).
+        """The engine's events as they complete; read errors propagate (httpx), and
+        silence past the phase's read timeout raises :class:`EngineTimeout`.
 
         Each event is followed by a checkpoint. One read can bring hundreds of events
         (a backlog, when the engine runs ahead of the proxy), and sending them to the
@@ -79,11 +91,21 @@ class Relay:
         a client's hang-up (and every other request) would wait that long.
         """
         reader = SSEReader()
-        async for chunk in self.response.aiter_raw():
+        chunks = self.response.aiter_raw()
+        limit = self.services.timeouts.first_byte_s
+        while (chunk := await self._next(chunks, limit)) is not None:
+            limit = self.services.timeouts.idle_s
             for event in reader.feed(chunk):
                 self._observe(event)
                 yield event
                 await anyio.lowlevel.checkpoint()
+
+    async def _next(self, chunks: AsyncIterator[bytes], limit: float) -> bytes | None:
+        """The next chunk, ``None`` at the end, :class:`EngineTimeout` after
+        ``limit`` seconds of silence."""
+        with anyio.move_on_after(limit):
+            return await anext(chunks, None)
+        raise EngineTimeout(self.engine, f"the engine sent nothing for {limit:g} s")
 
     def _observe(self, event: SSEEvent) -> None:
         self.stats.events += 1

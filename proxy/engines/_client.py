@@ -2,10 +2,12 @@
 
 Every call goes through the pool's shared :class:`httpx.AsyncClient`. Control
 calls (``/v1/models``, ``/health``, ``/metrics``, ``/tokenize``) have a total time
-limit; streamed requests have none past the connect timeout, since an answer may
-take minutes. All failures come out as :class:`~proxy.engines.UpstreamError`
-subclasses (see ``_exceptions``), except read errors while the caller iterates a
-stream, which it maps with :func:`~proxy.engines.map_stream_error`.
+limit; a streamed request's response must begin within the caller's
+``first_byte_timeout_s``, and its body has no limit here (an answer may take
+minutes: the caller times each read, see :mod:`proxy.api.relay`). All failures
+come out as :class:`~proxy.engines.UpstreamError` subclasses (see ``_exceptions``),
+except read errors while the caller iterates a stream, which it maps with
+:func:`~proxy.engines.map_stream_error`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from proxy.config import EngineConfig
 from proxy.engines._exceptions import (
     EngineBadResponse,
     EngineHTTPError,
+    EngineUnavailable,
     UpstreamError,
     describe,
     map_request_error,
@@ -155,11 +158,16 @@ class EngineClient:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str] | None = None,
+        first_byte_timeout_s: float | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """``POST`` ``body`` as JSON to ``path`` and yield the open 2xx response.
 
-        Raises :class:`EngineUnavailable` if no response began and
+        Raises :class:`EngineUnavailable` if no response began (within
+        ``first_byte_timeout_s``, when given) and
         :class:`EngineHTTPError` (with the whole body) on a non-2xx status. The
         caller reads ``response.aiter_raw()``; httpx errors raised there are its to
         map with :func:`map_stream_error`. On leaving the block — normally, by an
@@ -167,7 +175,10 @@ class EngineClient:
         engine sees the disconnect and aborts the request.
         """
         request = self._client.build_request("POST", self.url + path, json=body, headers=headers)
-        response = await self._send(request)
+        with anyio.move_on_after(first_byte_timeout_s) as waited:
+            response = await self._send(request)
+        if waited.cancelled_caught:
+            raise EngineUnavailable(self.name, f"no response within {first_byte_timeout_s:g} s")
         try:
             if not response.is_success:
                 await self._read(response)

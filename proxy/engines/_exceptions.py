@@ -10,6 +10,8 @@ Hierarchy::
     │                          .content_type); 4xx bodies go to clients unchanged
     ├── EngineStreamBroken     the connection was lost, or a read failed or timed out,
     │                          after the response began
+    │   └── EngineTimeout      the engine sent nothing for longer than the read
+    │                          timeout of the stream's phase (a hung engine)
     └── EngineBadResponse      a 2xx answer the proxy cannot read (bad JSON, wrong
                                shape, unparsable /metrics)
 
@@ -47,6 +49,10 @@ class EngineHTTPError(UpstreamError):
 
 class EngineStreamBroken(UpstreamError):
     """The connection failed after the response began."""
+
+
+class EngineTimeout(EngineStreamBroken):
+    """The engine went silent past a read timeout; it is taken to be hung."""
 
 
 class EngineBadResponse(UpstreamError):

@@ -5,6 +5,12 @@
 - :meth:`EngineMonitor.mark_failed` ejects at once, for the request path that saw
   the engine refuse a connection. Health answers to checks sent before that call
   are ignored, so a check already in flight cannot readmit the engine.
+- Outlier detection on the request path, after Envoy's: a stream that timed out
+  (:class:`~proxy.engines.EngineTimeout`, a hung engine) ejects its engine at
+  once; other failures (a broken stream, a 5xx) eject it after
+  ``settings.outlier_consecutive_errors`` in a row with no success between
+  (:meth:`EngineMonitor.request_failed`, :meth:`EngineMonitor.request_succeeded`).
+  Recovery is by health check, as above.
 - The loads of up engines go to ``scheduler.observe_load``. A failed scrape is
   logged at warning and counted in ``scrape_failures``; the scheduler keeps the
   last load it was given.
@@ -20,7 +26,7 @@ import anyio
 
 from proxy.config import Settings
 from proxy.engines._client import EngineClient
-from proxy.engines._exceptions import UpstreamError
+from proxy.engines._exceptions import EngineTimeout, UpstreamError
 from proxy.engines._pool import EnginePool
 from proxy.scheduler import EngineLoad
 
@@ -58,6 +64,8 @@ class EngineMonitor:
         self.up: dict[str, bool] = dict.fromkeys(names, True)
         self.failures: dict[str, int] = dict.fromkeys(names, 0)
         self.scrape_failures: dict[str, int] = dict.fromkeys(names, 0)
+        self.request_errors: dict[str, int] = dict.fromkeys(names, 0)
+        self.ejected_because: dict[str, str] = {}
         self.health_rounds = 0
         self._epoch: dict[str, int] = dict.fromkeys(names, 0)
 
@@ -95,13 +103,25 @@ class EngineMonitor:
         for name, load in loads.items():
             self.scheduler.observe_load(name, load)
 
-    def mark_failed(self, name: str) -> None:
-        """The request path could not reach ``name``: eject it now."""
+    def mark_failed(self, name: str, reason: str = "a request could not reach it") -> None:
+        """The request path found ``name`` unusable (``reason``): eject it now."""
         self._epoch[name] += 1
         self.failures[name] = max(self.failures[name], self.settings.unhealthy_after)
         if self.up[name]:
-            logger.warning("engine %s ejected: a request could not reach it", name)
+            logger.warning("engine %s ejected: %s", name, reason)
+            self.ejected_because[name] = reason
             self._set_up(name, False)
+
+    def request_failed(self, name: str, error: UpstreamError) -> None:
+        """A request on ``name`` failed with ``error`` (outlier detection)."""
+        self.request_errors[name] += 1
+        if isinstance(error, EngineTimeout):
+            self.mark_failed(name, f"a stream timed out ({error})")
+        elif self.request_errors[name] >= self.settings.outlier_consecutive_errors:
+            self.mark_failed(name, f"{self.request_errors[name]} requests failed in a row")
+
+    def request_succeeded(self, name: str) -> None:
+        self.request_errors[name] = 0
 
     def _record(self, name: str, ok: bool) -> None:
         if ok:
@@ -112,10 +132,18 @@ class EngineMonitor:
             return
         self.failures[name] += 1
         if self.up[name] and self.failures[name] >= self.settings.unhealthy_after:
-            logger.warning(
-                "engine %s ejected: %d health checks failed in a row", name, self.failures[name]
-            )
+            reason = f"{self.failures[name]} health checks failed in a row"
+            logger.warning("engine %s ejected: %s", name, reason)
+            self.ejected_because[name] = reason
             self._set_up(name, False)
+
+    def why_unusable(self, name: str) -> str:
+        """Why requests cannot go to ``name`` now, in a few words for a client."""
+        if not self.up[name]:
+            return f"ejected: {self.ejected_because.get(name, 'unreachable')}"
+        if self.failures[name]:
+            return f"{self.failures[name]} health checks failed in a row"
+        return "not reached yet"
 
     def _set_up(self, name: str, up: bool) -> None:
         self.up[name] = up

@@ -73,6 +73,10 @@ class Scheduler:
         """The names of the up engines serving ``model``, in configuration order."""
         return [e.name for e in self.engines.values() if e.up and e.serves(model)]
 
+    def engines_for(self, model: str) -> list[str]:
+        """The names of every engine serving ``model``, up or not, in configuration order."""
+        return [e.name for e in self.engines.values() if e.serves(model)]
+
     def engines_without_models(self) -> list[str]:
         """The engines that serve no model yet (not discovered at start)."""
         return [e.name for e in self.engines.values() if not e.settings.models]

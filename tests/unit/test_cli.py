@@ -173,13 +173,14 @@ def test_bench_commands_take_their_arguments_untouched() -> None:
 
 
 class Runner:
-    """Stands in for ``uvicorn.run``: records what it was asked to serve."""
+    """Stands in for ``proxy.serve.serve``: records what it was asked to serve."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, app: object, **kwargs: Any) -> None:
-        self.calls.append(kwargs)
+    def __call__(self, settings: Settings, log_level: str) -> int:
+        self.calls.append({"host": settings.host, "port": settings.port, "log_level": log_level})
+        return 0
 
 
 def serve_args(*argv: str) -> argparse.Namespace:

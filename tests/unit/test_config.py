@@ -38,7 +38,7 @@ def test_defaults_for_a_bare_url() -> None:
     s = settings_from_dict({"engines": [URL + "/"]})
     assert s.engines == (EngineConfig(url=URL, name="engine-0"),)
     assert s.engines[0].budget == BudgetConfig()
-    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, True, ())
+    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, None, ())
 
 
 def test_engine_mapping_in_full() -> None:
@@ -226,3 +226,44 @@ def test_env_value_is_validated_like_the_file(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     # The CLI turns ValueError into "whoseturn: error: ..." and exit status 2.
     assert issubclass(ConfigError, ValueError)
+
+
+# -- limits and timeouts ----------------------------------------------------------------
+
+
+def test_max_body_bytes_defaults_to_8_mib_and_reads_the_env(tmp_path: Path) -> None:
+    assert load(tmp_path, {"WHOSETURN_ENGINES": URL}).max_body_bytes == 8 * 1024 * 1024
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_MAX_BODY_BYTES": "65536"}
+    assert load(tmp_path, env).max_body_bytes == 65536
+
+
+@pytest.mark.parametrize("value", [0, 1023, "big", 1.5])
+def test_max_body_bytes_refuses_nonsense(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^max_body_bytes:"):
+        settings_from_dict({"engines": [URL], "max_body_bytes": value})
+
+
+def test_read_timeouts_from_the_env(tmp_path: Path) -> None:
+    env = {
+        "WHOSETURN_ENGINES": URL,
+        "WHOSETURN_FIRST_BYTE_TIMEOUT_S": "12.5",
+        "WHOSETURN_IDLE_TIMEOUT_S": "3",
+    }
+    s = load(tmp_path, env)
+    assert (s.first_byte_timeout_s, s.idle_timeout_s) == (12.5, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("idle_timeout_s", 0), ("first_byte_timeout_s", -1), ("outlier_consecutive_errors", 0)],
+)
+def test_timeouts_and_outlier_threshold_refuse_nonsense(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"^({key}|timeouts):"):
+        settings_from_dict({"engines": [URL], key: value})
+
+
+def test_drain_timeout_from_the_env_and_never_negative(tmp_path: Path) -> None:
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_DRAIN_TIMEOUT_S": "7"}
+    assert load(tmp_path, env).drain_timeout_s == 7.0
+    with pytest.raises(ConfigError, match=r"^drain_timeout_s:"):
+        settings_from_dict({"engines": [URL], "drain_timeout_s": -1})

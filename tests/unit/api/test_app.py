@@ -34,6 +34,9 @@ pytestmark = pytest.mark.anyio
 Json = dict[str, Any]
 
 
+JSON_TYPE = {"content-type": "application/json"}
+
+
 def chat_body(**extra: Any) -> Json:
     return {"model": "m", "messages": MESSAGES, **extra}
 
@@ -335,7 +338,7 @@ async def test_unknown_model_is_404() -> None:
 async def test_malformed_body_is_400(raw: bytes) -> None:
     engines = FakeEngines()
     async with running(engines.settings(), engines) as (client, _):
-        response = await client.post(CHAT, content=raw)
+        response = await client.post(CHAT, content=raw, headers=JSON_TYPE)
     assert assert_openai_error(response, 400)["type"] == "invalid_request_error"
 
 

@@ -51,7 +51,8 @@ def bearer(key: str) -> dict[str, str]:
 @pytest.mark.anyio
 async def test_read_json_gives_the_object() -> None:
     body = {"model": "m", "messages": []}
-    assert await read_json(request(json.dumps(body).encode())) == body
+    raw = json.dumps(body).encode()
+    assert await read_json(request(raw, content_type="application/json; charset=utf-8")) == body
 
 
 @pytest.mark.anyio
@@ -62,18 +63,39 @@ async def test_read_json_gives_the_object() -> None:
         (b"", "not valid JSON", None),
         (b"[1, 2]", "must be a JSON object", None),
         (b'"m"', "must be a JSON object", None),
-        (b"{}", "`model` is required", "model"),
-        (b'{"model": ""}', "`model` is required", "model"),
-        (b'{"model": 3}', "`model` is required", "model"),
+        (b'{"a": NaN}', "NaN is not a JSON number", None),
+        (b'{"a": [-Infinity]}', "-Infinity is not a JSON number", None),
+        (b'{"a": 1e400}', "out of range", None),
+        (b'{"a": "x\\ud800y"}', "lone surrogate", None),
+        (b'{"x\\udfff": 1}', "lone surrogate", None),
+        (b'{"a": "\xed\xa0\x80"}', "lone surrogate", None),  # json.loads passes these through
+        (b'{"a": ' + b"[" * 101 + b"]" * 101 + b"}", "nested deeper", None),
+        (b"[" * 5000 + b"]" * 5000, "nested deeper", None),
     ],
 )
 async def test_read_json_errors(raw: bytes, message: str, param: str | None) -> None:
     with pytest.raises(APIError) as caught:
-        await read_json(request(raw))
+        await read_json(request(raw, content_type="application/json"))
     err = caught.value.body()["error"]
     assert caught.value.status == 400
     assert message in err["message"]
     assert (err["type"], err["param"]) == ("invalid_request_error", param)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_read_json_needs_a_json_content_type(content_type: str | None) -> None:
+    headers = {} if content_type is None else {"content_type": content_type}
+    with pytest.raises(APIError) as caught:
+        await read_json(request(b'{"model": "m"}', **headers))
+    assert caught.value.status == 415
+    assert caught.value.body()["error"]["code"] == "unsupported_media_type"
+
+
+@pytest.mark.anyio
+async def test_nesting_just_under_the_limit_is_read() -> None:
+    raw = b'{"a": ' + b"[" * 99 + b"]" * 99 + b"}"
+    assert await read_json(request(raw, content_type="application/json"))
 
 
 # -- API keys and class override ----------------------------------------------------------

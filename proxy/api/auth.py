@@ -1,0 +1,130 @@
+"""Who may call what, when ``api_keys`` is set (with none set, every route is open).
+
+- ``GET /healthz``, ``GET /readyz``: no key (liveness and readiness probes);
+- ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/status``,
+  ``/v1/models``, ``/batch/v1/models``, ``/openapi.json``, ``/docs``, ``/redoc``:
+  any key, role ``read`` or ``user`` (dashboards, Prometheus' scrape);
+- everything else (the completion routes, and unknown routes): a ``user`` key.
+
+A key comes as ``Authorization: Bearer KEY``, or as the password of HTTP Basic
+credentials (a 401 asks for either, so a browser prompts for ``/status``). Keys
+are compared in constant time (:func:`hmac.compare_digest`), every
+configured key each time, so the time taken does not tell how much of a key was
+right. Which class a key may use, and whether it may choose it by header, is its
+policy (:class:`proxy.config.ApiKey`); see :func:`may_override`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.api.errors import APIError
+from proxy.config import ApiKey, Settings
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+READ_PATHS = frozenset(
+    {
+        "/metrics",
+        "/turn",
+        "/turn/log",
+        "/status",
+        "/v1/models",
+        "/batch/v1/models",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+    }
+)
+
+
+CHALLENGE = 'Bearer realm="whoseturn", Basic realm="whoseturn"'
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key in ``Authorization: Bearer KEY``, or the password of HTTP Basic
+    credentials (so that a browser can open ``/status`` and the API docs)."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "basic":
+                return _basic_password(token.strip())
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def _basic_password(token: str) -> str | None:
+    try:
+        _, _, password = base64.b64decode(token, validate=True).decode("utf-8").partition(":")
+    except ValueError:
+        return None
+    return password or None
+
+
+def same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+def find_key(settings: Settings, token: str | None) -> ApiKey | None:
+    """The configured key equal to ``token``; every key is compared."""
+    found = None
+    for key in settings.key_policies():
+        if same(key.key, token or "") and token:
+            found = key
+    return found
+
+
+def needed_role(method: str, path: str) -> str | None:
+    """``None`` (no key), ``read`` (any key) or ``user`` for ``method path``."""
+    if path in OPEN_PATHS:
+        return None
+    if method in ("GET", "HEAD") and path in READ_PATHS:
+        return "read"
+    return "user"
+
+
+def may_override(settings: Settings, token: str | None, key: ApiKey | None) -> bool:
+    """Whether this caller may choose its class by ``X-Whoseturn-Class``:
+    ``class_override`` true or false says so for everyone, a list names the keys;
+    unset, anyone may without ``api_keys``, and with them a key whose policy allows."""
+    allowed = settings.class_override
+    if isinstance(allowed, tuple):
+        return token is not None and any([same(token, k) for k in allowed])
+    if allowed is not None:
+        return allowed
+    return not settings.api_keys or (key is not None and key.class_override)
+
+
+def unauthorized() -> APIError:
+    return APIError(401, "Invalid or missing API key.", err_type="authentication_error")
+
+
+class KeyGuard:
+    """ASGI middleware: each route behind the key role it needs (table above)."""
+
+    def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = self._refusal(scope) if scope["type"] == "http" else None
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        response = error.response({"www-authenticate": CHALLENGE} if error.status == 401 else {})
+        await response(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        role = needed_role(scope["method"], scope["path"])
+        if role is None or not self.settings.api_keys:
+            return None
+        key = find_key(self.settings, bearer_token(scope.get("headers", [])))
+        if key is None:
+            return unauthorized()
+        if role == "user" and key.role != "user":
+            return APIError(403, "This API key may only read.", err_type="permission_error")
+        return None

@@ -1,0 +1,89 @@
+"""``whoseturn serve``: the proxy on uvicorn, with a graceful drain.
+
+On SIGTERM (or SIGINT):
+
+1. the admission closes: requests still queued in the proxy (batch work waiting
+   for its turn) are answered 503 with ``Retry-After``, as is any new request
+   on a connection still open;
+2. the listening sockets close, so new connections are refused;
+3. requests in flight get ``drain_timeout_s`` to finish; the rest are cancelled,
+   which closes their upstream requests (the engines abort them), each logged
+   with the reason;
+4. the process exits with status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from proxy.api.app import create_app
+from proxy.config import Settings
+from proxy.server import ProxyState
+
+logger = logging.getLogger(__name__)
+
+
+def begin_drain(state: ProxyState) -> None:
+    """Step 1 of the drain (see the module docstring), logged."""
+    queued = state.admission.close()
+    logger.warning(
+        "draining: %d queued requests answered 503; requests in flight have %g s to "
+        "finish before they are aborted upstream",
+        queued,
+        state.settings.drain_timeout_s,
+    )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, calling ``on_drain`` when the shutdown begins, and not
+    raising the caught signal again once it is done (so the exit status is 0)."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_drain = on_drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.on_drain()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def serve(settings: Settings, log_level: str = "info") -> int:
+    """Run the proxy until SIGTERM or SIGINT, then drain; the exit status."""
+    app: FastAPI = create_app(settings)
+
+    def on_drain() -> None:
+        state: ProxyState | None = getattr(app.state, "proxy", None)
+        if state is not None:
+            begin_drain(state)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # whole seconds
+    )
+    DrainingServer(config, on_drain).run()
+    return 0
