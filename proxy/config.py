@@ -19,7 +19,7 @@ typo stops the proxy at start rather than at the first request. Example file::
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
-``WHOSETURN_GAP_TARGET_S``.
+``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_BATCH_STORE_PATH``.
 """
 
 from __future__ import annotations
@@ -149,6 +149,13 @@ class Settings:
     unhealthy_after: int = 2
     connect_timeout_s: float = 2.0
     decision_log_size: int = 1000
+    # The Batch API (docs/batch.md): off while no store path is set.
+    batch_store_path: str = ""
+    batch_max_file_bytes: int = 200_000_000
+    batch_max_lines: int = 50_000
+    batch_window: int = 64
+    batch_max_attempts: int = 3
+    batch_retry_backoff_s: float = 0.5
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -276,7 +283,14 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
     _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
     _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
+    _check_batch(settings)
     return settings
+
+
+def _check_batch(settings: Settings) -> None:
+    for key in ("batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts"):
+        _check(getattr(settings, key) >= 1, key, "must be at least 1")
+    _check(settings.batch_retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
 _ENV: dict[str, tuple[str, type]] = {
@@ -284,6 +298,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_PORT": ("port", int),
     "WHOSETURN_TTFT_TARGET_S": ("ttft_target_s", float),
     "WHOSETURN_GAP_TARGET_S": ("gap_target_s", float),
+    "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
 }
 
 
