@@ -1,5 +1,6 @@
 """The official ``openai`` client runs the Files and Batch API against the proxy in
-front of a simulated engine: upload, create, poll to the end, read the output and
+front of a simulated engine (real time, so long lines are still running when a job
+is cancelled or expires): upload, create, poll to the end, read the output and
 error files, list, cancel, expire; every validation case answers its 4xx."""
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def jsonl(lines: list[Any]) -> bytes:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimServer, ProxyServer]]:
     store = tmp_path_factory.mktemp("batch") / "batch.db"
+    # Real time: a long line is still running when a test cancels or expires its job.
     with (
-        run_server(sim_settings()) as sim,
+        run_server(sim_settings(time_scale=1.0)) as sim,
         run_proxy(
             [engine(sim.base_url, "sim-0")],
             batch_store_path=str(store),
@@ -137,7 +139,7 @@ def test_list_pages_with_after(client: openai.OpenAI) -> None:
 
 def test_cancel_stops_the_job(client: openai.OpenAI, pair: tuple[SimServer, ProxyServer]) -> None:
     sim = pair[0]
-    lines = [chat_line(f"c-{i}", max_tokens=1500, min_tokens=1500) for i in range(MAX_LINES)]
+    lines = [chat_line(f"c-{i}", max_tokens=400, min_tokens=400) for i in range(MAX_LINES)]
     created = submit(client, lines)
     sim.wait_for(lambda: sim.requests_running() > 0, timeout=10)
     cancelling = client.batches.cancel(created.id)
@@ -150,7 +152,7 @@ def test_cancel_stops_the_job(client: openai.OpenAI, pair: tuple[SimServer, Prox
 
 
 def test_expiry_keeps_partial_output(client: openai.OpenAI) -> None:
-    lines = [chat_line(f"e-{i}", max_tokens=1500, min_tokens=1500) for i in range(MAX_LINES)]
+    lines = [chat_line(f"e-{i}", max_tokens=400, min_tokens=400) for i in range(MAX_LINES)]
     created = submit(client, lines, window="1s")
     done = wait_done(client, created.id, timeout_s=10)
     assert done.status == "expired" and done.expired_at is not None
