@@ -32,6 +32,7 @@ ENV_VARS = (
     "WHOSETURN_PORT",
     "WHOSETURN_TTFT_TARGET_S",
     "WHOSETURN_GAP_TARGET_S",
+    "WHOSETURN_BATCH_STORE_PATH",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 
