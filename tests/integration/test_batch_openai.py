@@ -238,3 +238,25 @@ def test_unknown_ids_are_404(proxy: ProxyServer) -> None:
 def test_store_is_on_disk(proxy: ProxyServer) -> None:
     path = Path(proxy.settings.batch_store_path)
     assert path.exists() and Path(f"{path}.files").is_dir()
+
+
+def test_the_proxys_api_keys_guard_the_batch_routes(tmp_path: Path, shared_sim: SimServer) -> None:
+    with run_proxy(
+        [engine(shared_sim.base_url, "sim-0")],
+        api_keys=["secret"],
+        batch_store_path=str(tmp_path / "b.db"),
+    ) as guarded:
+        guarded_routes = [
+            ("GET", "/v1/files"),
+            ("GET", "/v1/batches"),
+            ("POST", "/v1/batches"),
+            ("GET", "/v1/files/file-x/content"),
+        ]
+        for method, path in guarded_routes:
+            assert guarded.http.request(method, path).status_code == 401, path
+        keyed = openai.OpenAI(base_url=f"{guarded.base_url}/v1", api_key="secret", max_retries=0)
+        with keyed as client:
+            uploaded = client.files.create(
+                file=("k.jsonl", jsonl([chat_line("a")])), purpose="batch"
+            )
+            assert client.files.retrieve(uploaded.id).id == uploaded.id
