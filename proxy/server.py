@@ -97,7 +97,9 @@ async def build(
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
     )
-    state.batch = await build_batch(settings, forwarder.complete, metrics)
+    state.batch = await build_batch(
+        settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
+    )
     return state
 
 

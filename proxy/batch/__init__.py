@@ -11,6 +11,7 @@ line through the scheduler as batch-class work.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from proxy.batch.routes import BatchAPI, install_batch_routes
@@ -23,10 +24,14 @@ __all__ = ["BatchAPI", "build_batch", "install_batch_routes"]
 
 
 async def build_batch(
-    settings: Settings, complete: Complete, metrics: ProxyMetrics
+    settings: Settings,
+    complete: Complete,
+    metrics: ProxyMetrics,
+    models_known: Callable[[], bool],
 ) -> BatchAPI | None:
     """The store (opened: schema created or checked) and the runner, or None when
-    ``batch_store_path`` is not set."""
+    ``batch_store_path`` is not set. ``models_known``: whether every engine's models
+    are known (the runner feeds no line before)."""
     if not settings.batch_store_path:
         return None
     store = SQLiteStore(Path(settings.batch_store_path), time.time)

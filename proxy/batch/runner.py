@@ -89,8 +89,10 @@ class BatchRunner:
         metrics: BatchMetrics,
         limits: RunnerLimits,
         now: Callable[[], float],
+        models_known: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
+        self.models_known = models_known
         self.complete = complete
         self.metrics = metrics
         self.limits = limits
@@ -162,11 +164,20 @@ class BatchRunner:
         room = anyio.Semaphore(self.limits.window)
         after = 0
         async with anyio.create_task_group() as group:
-            while page := await self.store.pending_lines(batch.id, after, self.limits.window):
+            while page := await self._next_page(batch.id, after):
                 for line in page:
                     await room.acquire()
                     group.start_soon(self._line, batch, line, room)
                 after = page[-1].idx
+
+    async def _next_page(self, batch_id: str, after: int) -> list[PendingLine]:
+        """The next lines to feed, once every engine's models are known (a line
+        for a model no engine serves is an error, not a wait)."""
+        while True:
+            if self.models_known():
+                break
+            await anyio.sleep(self.limits.poll_s)
+        return await self.store.pending_lines(batch_id, after, self.limits.window)
 
     async def _line(self, batch: BatchRecord, line: PendingLine, room: anyio.Semaphore) -> None:
         try:

@@ -51,7 +51,9 @@ class Engine:
         return 200, OK
 
 
-async def run_job(tmp_path: Path, engine: Engine, lines: int, window: int) -> SQLiteStore:
+async def run_job(
+    tmp_path: Path, engine: Engine, lines: int, window: int, known: Any = lambda: True
+) -> SQLiteStore:
     store = SQLiteStore(tmp_path / "b.db", lambda: 0.0)
     await store.open()
     new = NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None)
@@ -59,7 +61,8 @@ async def run_job(tmp_path: Path, engine: Engine, lines: int, window: int) -> SQ
     registry = CollectorRegistry()
     records = Counter("records", "r", ["status"], registry=registry)
     limits = RunnerLimits(window=window, max_attempts=3, backoff_s=0.001, poll_s=0.01)
-    runner = BatchRunner(store, engine.complete, BatchMetrics(registry, records), limits, lambda: 0)
+    metrics = BatchMetrics(registry, records)
+    runner = BatchRunner(store, engine.complete, metrics, limits, lambda: 0, known)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
             group.start_soon(runner.run)
@@ -93,4 +96,18 @@ async def test_the_window_bounds_the_lines_in_flight(tmp_path: Path) -> None:
     assert batch is not None and batch.output_file_id is not None
     out = store.file_path(batch.output_file_id).read_text().splitlines()
     assert [json.loads(x)["custom_id"] for x in out] == [f"c{i}" for i in range(200)]
+    await store.close()
+
+
+async def test_no_line_is_fed_before_the_engines_models_are_known(tmp_path: Path) -> None:
+    engine = Engine({})
+    asked: list[int] = []
+
+    def known() -> bool:
+        asked.append(len(engine.tries))
+        return len(asked) > 5
+
+    store = await run_job(tmp_path, engine, 3, window=2, known=known)
+    assert asked[:5] == [0] * 5
+    assert sum(engine.tries.values()) == 3
     await store.close()
