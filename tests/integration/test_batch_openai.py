@@ -125,6 +125,11 @@ def test_whole_cycle(client: openai.OpenAI, proxy: ProxyServer) -> None:
     )
     listed = client.batches.list(limit=100)
     assert created.id in [b.id for b in listed.data]
+    assert done.output_file_id is not None
+    with pytest.raises(openai.BadRequestError, match="purpose `batch_output`"):
+        client.batches.create(
+            input_file_id=done.output_file_id, endpoint=CHAT, completion_window="24h"
+        )
 
 
 def test_list_pages_with_after(client: openai.OpenAI) -> None:
