@@ -36,6 +36,7 @@ ENV_VARS = (
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S",
     "WHOSETURN_IDLE_TIMEOUT_S",
     "WHOSETURN_DRAIN_TIMEOUT_S",
+    "WHOSETURN_BATCH_STORE_PATH",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 

@@ -31,7 +31,7 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
-``WHOSETURN_DRAIN_TIMEOUT_S``.
+``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``.
 """
 
 from __future__ import annotations
@@ -186,6 +186,14 @@ class Settings:
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
     drain_timeout_s: float = 30.0
+
+    # The Batch API (docs/batch.md): off while no store path is set.
+    batch_store_path: str = ""
+    batch_max_file_bytes: int = 200_000_000
+    batch_max_lines: int = 50_000
+    batch_window: int = 64
+    batch_max_attempts: int = 3
+    batch_retry_backoff_s: float = 0.5
 
     def key_policies(self) -> tuple[ApiKey, ...]:
         """Every API key with its policy (a plain string is a ``user`` key)."""
@@ -344,7 +352,14 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
+    _check_batch(settings)
     return settings
+
+
+def _check_batch(settings: Settings) -> None:
+    for key in ("batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts"):
+        _check(getattr(settings, key) >= 1, key, "must be at least 1")
+    _check(settings.batch_retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
 _ENV: dict[str, tuple[str, type]] = {
@@ -356,6 +371,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
+    "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
 }
 
 

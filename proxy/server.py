@@ -8,7 +8,8 @@ lifecycle.
   background loops.
 - **run**: the engine monitor (health, load scrapes), the tick loop (turn
   accounting and the budget loops move on when no request does; it may dispatch)
-  and late model discovery for engines that were unreachable at start.
+  late model discovery for engines that were unreachable at start, and the batch
+  runner.
 - **shutdown** (:func:`shutdown`): the loops are cancelled and awaited, then the
   HTTP client is closed.
 
@@ -32,6 +33,7 @@ from proxy.admission import Admission
 from proxy.api.forward import Forwarder
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
+from proxy.batch import BatchAPI, build_batch
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
@@ -59,6 +61,7 @@ class ProxyState:
     forwarder: Forwarder
     created: int = field(default_factory=lambda: int(time.time()))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    batch: BatchAPI | None = None
 
 
 async def _engines(settings: Settings, pool: EnginePool) -> list[EngineConfig]:
@@ -92,9 +95,13 @@ async def build(
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
     forwarder = Forwarder(settings, pool, monitor, services)
-    return ProxyState(
+    state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
     )
+    state.batch = await build_batch(
+        settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
+    )
+    return state
 
 
 async def _tick(admission: Admission) -> None:
@@ -128,6 +135,8 @@ async def startup(state: ProxyState) -> None:
         asyncio.create_task(_tick(state.admission), name="whoseturn-tick"),
         asyncio.create_task(_discover_late(state), name="whoseturn-discover"),
     ]
+    if state.batch is not None:
+        state.tasks.append(asyncio.create_task(state.batch.runner.run(), name="whoseturn-batch"))
 
 
 async def shutdown(state: ProxyState) -> None:
@@ -137,6 +146,8 @@ async def shutdown(state: ProxyState) -> None:
     for task in state.tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    if state.batch is not None:
+        await state.batch.store.close()
     await state.http.aclose()
 
 

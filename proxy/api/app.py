@@ -21,6 +21,7 @@ from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
+from proxy.batch import install_batch_routes
 from proxy.clock import Clock
 from proxy.config import Settings
 from proxy.scheduler import TrafficClass
@@ -49,6 +50,7 @@ def create_app(
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)
     install_status_route(app)
+    install_batch_routes(app, lambda request: _state(request).batch)
     return app
 
 

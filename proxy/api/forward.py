@@ -13,12 +13,13 @@ whole); a stream that breaks after bytes went out ends with an SSE error event.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -28,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
-from proxy.api.errors import engine_failed, engine_unavailable
+from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
@@ -122,6 +123,21 @@ class Forwarder:
         except ClientGone:
             logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
+
+    async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+        """One whole answer for work with no client connection (a batch job's line),
+        through the same admission, engines and relay as a request: the status and
+        JSON body a client would have had. Cancelling the caller aborts the work."""
+        arrival = self.services.clock.now()
+        try:
+            self._check_servable(req)
+            count = await self.services.counter.count(req)
+            response = await self._answer(Ticket(job_id, req, arrival, count))
+        except PassThrough as exc:
+            return exc.error.status, _json_or_error(exc.error.body)
+        except APIError as exc:
+            return exc.status, exc.body()
+        return response.status_code, _json_or_error(bytes(response.body))
 
     def _check_servable(self, req: ChatRequest) -> None:
         error = unservable(req.model, req.cls, self.services.admission, self.monitor)
@@ -252,6 +268,16 @@ class Forwarder:
         headers = self._headers(ticket, opened.admitted)
         wish = ticket.req.wish
         return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
+
+
+def _json_or_error(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    return {"error": {"message": raw.decode(errors="replace")[:500], "type": "engine_error"}}
 
 
 class PassThrough(Exception):

@@ -131,7 +131,8 @@ async def test_a_body_not_declared_json_is_415(content_type: str | None) -> None
     [
         ("GET", "/", 404),
         ("POST", "/v1/embeddings", 404),
-        ("GET", "/v1/batches", 404),
+        ("GET", "/v1/fine_tuning/jobs", 404),
+        ("PUT", "/v1/batches", 405),
         ("GET", "/v1/x\u00e9", 404),
         ("GET", CHAT, 405),
         ("DELETE", "/v1/models", 405),

@@ -1,0 +1,139 @@
+"""Batch lines, pure: an input line checked, a request built from it, and the
+output or error line written for its answer (OpenAI's line shapes)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any
+
+import jsonschema
+
+from proxy.api.inputs import ChatRequest, affinity_key, prompt_text, stream_wish, upstream_body
+from proxy.batch.store import Json, LineError, LineResult, LineSpec
+from proxy.scheduler import TrafficClass
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+def check_line(raw: bytes, number: int, endpoint: str) -> LineSpec:
+    """One input line, or :class:`LineError` naming it (``number`` counts from 1)."""
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        raise LineError(number, "not valid JSON.") from None
+    if not isinstance(line, dict):
+        raise LineError(number, "expected a JSON object.")
+    for key in ("custom_id", "method", "url", "body"):
+        if key not in line:
+            raise LineError(number, f"missing `{key}`.")
+    if not isinstance(line["custom_id"], str) or not line["custom_id"]:
+        raise LineError(number, "`custom_id` must be a non-empty string.")
+    if line["method"] != "POST":
+        raise LineError(number, "`method` must be POST.")
+    if line["url"] != endpoint:
+        raise LineError(number, f"`url` {line['url']!r} differs from the batch's {endpoint!r}.")
+    body = line["body"]
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        raise LineError(number, "`body` must be an object with a `model` string.")
+    return LineSpec(number, line["custom_id"], json.dumps(body))
+
+
+def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec]:
+    """The file's lines checked one by one, as a stream (blank lines skipped)."""
+    count = 0
+    for number, raw in enumerate(f, start=1):
+        if not raw.strip():
+            continue
+        count += 1
+        if count > max_lines:
+            raise LineError(number, f"more than the limit of {max_lines} requests.")
+        yield check_line(raw, number, endpoint)
+
+
+def line_request(body: Json, endpoint: str) -> ChatRequest:
+    """The request a line makes, as the batch routes would read it (batch class, one
+    whole answer)."""
+    messages = body.get("messages")
+    text = prompt_text(body)
+    plain = {**body, "stream": False}
+    plain.pop("stream_options", None)
+    return ChatRequest(
+        path=endpoint,
+        cls=TrafficClass.BATCH,
+        model=body["model"],
+        messages=messages if isinstance(messages, list) else None,
+        prompt=body.get("prompt"),
+        text=text,
+        wish=stream_wish(plain),
+        affinity=affinity_key(body, text),
+        upstream=upstream_body(plain, None),
+    )
+
+
+def _request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def answered(custom_id: str, status: int, body: Json, asked: Json) -> LineResult:
+    """The line for an answer the engine (or the proxy) gave with ``status``."""
+    ok = 200 <= status < 300
+    line: Json = {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": _request_id(), "body": body},
+        "error": None,
+    }
+    return LineResult(ok, json.dumps(line), quality(asked, body) if ok else "")
+
+
+def failed(custom_id: str, code: str, message: str) -> LineResult:
+    """The error-file line for a line that got no answer."""
+    line = {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+    return LineResult(False, json.dumps(line))
+
+
+def quality(asked: Json, answer: Json) -> str:
+    """``valid``/``invalid`` for a line that asked for JSON output, else ``""``."""
+    wanted = asked.get("response_format")
+    kind = wanted.get("type") if isinstance(wanted, dict) else None
+    if kind not in ("json_object", "json_schema"):
+        return ""
+    try:
+        parsed = json.loads(_answer_text(answer))
+    except ValueError:
+        return "invalid"
+    if kind == "json_object":
+        return "valid" if isinstance(parsed, dict) else "invalid"
+    assert isinstance(wanted, dict)
+    return "valid" if _fits(parsed, wanted.get("json_schema")) else "invalid"
+
+
+def _fits(value: Any, spec: Any) -> bool:
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        return True
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    except jsonschema.SchemaError:
+        return False
+    return True
+
+
+def _answer_text(answer: Json) -> str:
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    message = first.get("message")
+    if isinstance(message, dict):
+        return str(message.get("content") or "")
+    return str(first.get("text") or "")

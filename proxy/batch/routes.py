@@ -1,0 +1,228 @@
+"""The Files API (purpose ``batch``) and the Batch API, OpenAI's routes and shapes.
+
+Every route checks the API key as the completion routes do. A batch is checked
+whole at creation (every line, the limits) and answers 400 naming the first bad
+line; nothing of a rejected batch is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import UploadFile
+
+from proxy.api.errors import APIError, bad_request
+from proxy.api.inputs import check_api_key
+from proxy.batch.lines import ENDPOINTS, read_lines
+from proxy.batch.runner import BatchRunner
+from proxy.batch.shapes import batch_object, file_object, page, window_seconds
+from proxy.batch.store import (
+    BatchRecord,
+    BatchStore,
+    FileRecord,
+    Json,
+    LineError,
+    LineSpec,
+    NewBatch,
+)
+from proxy.config import Settings
+
+FORM_SLACK_BYTES = 64 * 1024  # multipart framing and the other fields
+
+
+@dataclass
+class BatchAPI:
+    """What the routes need: the settings (keys, limits), the store and the runner."""
+
+    settings: Settings
+    store: BatchStore
+    runner: BatchRunner
+
+
+Getter = Callable[[Request], "BatchAPI | None"]
+
+
+def _api(request: Request, get: Getter) -> BatchAPI:
+    api = get(request)
+    if api is None:
+        raise APIError(
+            503, "The Batch API is off: set batch_store_path.", err_type="service_unavailable"
+        )
+    check_api_key(request, api.settings)
+    return api
+
+
+def not_found(what: str, ident: str) -> APIError:
+    return APIError(404, f"No {what} with id `{ident}`.", code="not_found")
+
+
+def install_batch_routes(app: FastAPI, get: Getter) -> None:
+    """``/v1/files...`` and ``/v1/batches...``; ``get`` finds the running :class:`BatchAPI`."""
+    _file_routes(app, get)
+    _batch_routes(app, get)
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise bad_request("`limit` must be an integer from 1 to 10000.", param="limit")
+    return int(raw)
+
+
+def _file_routes(app: FastAPI, get: Getter) -> None:
+    @app.post("/v1/files")
+    async def upload(request: Request) -> JSONResponse:
+        api = _api(request, get)
+        return JSONResponse(file_object(await _store_upload(request, api)))
+
+    @app.get("/v1/files")
+    async def list_files(request: Request) -> JSONResponse:
+        api, limit = _api(request, get), _limit(request)
+        found = await api.store.list_files(request.query_params.get("after"), limit + 1)
+        return JSONResponse(page([file_object(f) for f in found], limit))
+
+    @app.get("/v1/files/{file_id}")
+    async def get_file(request: Request, file_id: str) -> JSONResponse:
+        found = await _api(request, get).store.get_file(file_id)
+        if found is None:
+            raise not_found("file", file_id)
+        return JSONResponse(file_object(found))
+
+    @app.get("/v1/files/{file_id}/content")
+    async def content(request: Request, file_id: str) -> FileResponse:
+        store = _api(request, get).store
+        if await store.get_file(file_id) is None:
+            raise not_found("file", file_id)
+        return FileResponse(store.file_path(file_id), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{file_id}")
+    async def delete(request: Request, file_id: str) -> JSONResponse:
+        if not await _api(request, get).store.delete_file(file_id):
+            raise not_found("file", file_id)
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"The file is larger than the limit of {limit} bytes.", param="file")
+
+
+async def _store_upload(request: Request, api: BatchAPI) -> FileRecord:
+    """The upload, checked (size before it is read where the client says it)."""
+    limit = api.settings.batch_max_file_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + FORM_SLACK_BYTES:
+        raise _too_large(limit)
+    async with request.form(max_files=1, max_fields=8) as form:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(upload, UploadFile):
+            raise bad_request("`file` is required (multipart form).", param="file")
+        if purpose != "batch":
+            raise bad_request("`purpose` must be `batch`.", param="purpose")
+        if upload.size is not None and upload.size > limit:
+            raise _too_large(limit)
+        spool = api.store.file_path(f"upload-{uuid.uuid4().hex}")
+        await anyio.to_thread.run_sync(_copy, upload, spool)
+        return await api.store.add_file("batch", upload.filename or "upload.jsonl", spool)
+
+
+def _copy(upload: UploadFile, to: Path) -> None:
+    with to.open("wb") as out:
+        shutil.copyfileobj(upload.file, out)
+
+
+def _batch_routes(app: FastAPI, get: Getter) -> None:
+    @app.post("/v1/batches")
+    async def create(request: Request) -> JSONResponse:
+        api = _api(request, get)
+        return JSONResponse(batch_object(await _create(api, await _read_body(request))))
+
+    @app.get("/v1/batches")
+    async def list_batches(request: Request) -> JSONResponse:
+        api, limit = _api(request, get), _limit(request)
+        found = await api.store.list_batches(request.query_params.get("after"), limit + 1)
+        return JSONResponse(page([batch_object(b) for b in found], limit))
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(request: Request, batch_id: str) -> JSONResponse:
+        found = await _api(request, get).store.get_batch(batch_id)
+        if found is None:
+            raise not_found("batch", batch_id)
+        return JSONResponse(batch_object(found))
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel(request: Request, batch_id: str) -> JSONResponse:
+        api = _api(request, get)
+        moved = await api.store.set_status(batch_id, "cancelling", ("validating", "in_progress"))
+        found = await api.store.get_batch(batch_id)
+        if found is None:
+            raise not_found("batch", batch_id)
+        if not moved and found.status not in ("cancelling", "cancelled"):
+            raise bad_request(f"A batch that is `{found.status}` cannot be cancelled.")
+        api.runner.cancel(batch_id)
+        return JSONResponse(batch_object(found))
+
+
+async def _create(api: BatchAPI, body: Json) -> BatchRecord:
+    endpoint, window = body.get("endpoint"), body.get("completion_window")
+    if endpoint not in ENDPOINTS:
+        raise bad_request(f"`endpoint` must be one of {list(ENDPOINTS)}.", param="endpoint")
+    window_s = window_seconds(window)
+    if window_s is None:
+        raise bad_request("`completion_window` must be like `24h`.", param="completion_window")
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise bad_request("`metadata` must map strings to strings.", param="metadata")
+    file_id = body.get("input_file_id")
+    path = await _input_file(api, file_id)
+    meta: Mapping[str, str] | None = metadata
+    new = NewBatch(
+        f"batch_{uuid.uuid4().hex}", str(endpoint), str(file_id), str(window), window_s, meta
+    )
+    try:
+        return await api.store.create_batch(
+            new, _lines(path, str(endpoint), api.settings.batch_max_lines)
+        )
+    except LineError as exc:
+        raise bad_request(f"Input file `{file_id}`: {exc}", param="input_file_id") from exc
+
+
+async def _input_file(api: BatchAPI, file_id: object) -> Path:
+    found = await api.store.get_file(file_id) if isinstance(file_id, str) else None
+    if found is None:
+        raise bad_request(f"No input file with id `{file_id}`.", param="input_file_id")
+    if found.purpose != "batch":
+        raise bad_request(
+            f"File `{file_id}` has purpose `{found.purpose}`, not `batch`.", param="input_file_id"
+        )
+    if found.bytes > api.settings.batch_max_file_bytes:
+        raise bad_request(
+            f"File `{file_id}` is larger than the limit of "
+            f"{api.settings.batch_max_file_bytes} bytes.",
+            param="input_file_id",
+        )
+    return api.store.file_path(found.id)
+
+
+async def _read_body(request: Request) -> Json:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def _lines(path: Path, endpoint: str, max_lines: int) -> Iterator[LineSpec]:
+    with path.open("rb") as f:
+        yield from read_lines(f, endpoint, max_lines)

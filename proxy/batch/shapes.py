@@ -1,0 +1,77 @@
+"""The Files and Batch API's JSON objects, as OpenAI writes them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.batch.store import BatchRecord, FileRecord, Json
+
+TIMES = (
+    "in_progress_at", "finalizing_at", "completed_at", "failed_at",
+    "expired_at", "cancelling_at", "cancelled_at",
+)  # fmt: skip
+WINDOW = re.compile(r"^(\d+)([hms])$")
+UNIT_S = {"h": 3600, "m": 60, "s": 1}
+
+
+def window_seconds(window: Any) -> int | None:
+    """``24h`` (OpenAI's only value), or any ``<n>h``/``<n>m``/``<n>s``; None if unreadable."""
+    match = WINDOW.match(window) if isinstance(window, str) else None
+    if match is None or int(match[1]) <= 0:
+        return None
+    return int(match[1]) * UNIT_S[match[2]]
+
+
+def file_object(record: FileRecord) -> Json:
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+        "status_details": None,
+    }
+
+
+def batch_object(record: BatchRecord) -> Json:
+    """OpenAI's batch object; ``request_counts`` also carries ``valid`` and
+    ``invalid`` (structured answers checked), beside OpenAI's three counts."""
+    body: Json = {
+        "id": record.id,
+        "object": "batch",
+        "endpoint": record.endpoint,
+        "errors": None,
+        "input_file_id": record.input_file_id,
+        "completion_window": record.completion_window,
+        "status": record.status,
+        "output_file_id": record.output_file_id,
+        "error_file_id": record.error_file_id,
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+        "request_counts": {
+            "total": record.total,
+            "completed": record.completed,
+            "failed": record.failed,
+            "valid": record.valid,
+            "invalid": record.invalid,
+        },
+        "metadata": dict(record.metadata) if record.metadata else None,
+    }
+    body.update({name: record.times.get(name) for name in TIMES})
+    return body
+
+
+def page(data: Sequence[Json], limit: int) -> Json:
+    """A list page; ``data`` holds up to ``limit + 1`` items (the extra says more)."""
+    shown = list(data[:limit])
+    return {
+        "object": "list",
+        "data": shown,
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+        "has_more": len(data) > limit,
+    }

@@ -1,0 +1,330 @@
+"""The SQLite batch store: one database file in WAL mode, file contents in a folder
+beside it (``<path>.files/``). One connection, used from a worker thread under a
+lock, so the event loop never waits on the disk. The schema is created at
+:meth:`SQLiteStore.open` and versioned with ``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from proxy.batch.store import (
+    ACTIVE,
+    BatchRecord,
+    FileRecord,
+    LineError,
+    LineResult,
+    LineSpec,
+    NewBatch,
+    PendingLine,
+)
+
+T = TypeVar("T")
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE files (
+    id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, deleted INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE batches (
+    id TEXT PRIMARY KEY, endpoint TEXT NOT NULL, input_file_id TEXT NOT NULL,
+    completion_window TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL, metadata TEXT, total INTEGER NOT NULL DEFAULT 0,
+    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    valid INTEGER NOT NULL DEFAULT 0, invalid INTEGER NOT NULL DEFAULT 0,
+    output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE lines (
+    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
+    body TEXT NOT NULL, ok INTEGER, result TEXT,
+    PRIMARY KEY (batch_id, idx), UNIQUE (batch_id, custom_id)
+);
+CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
+"""
+BATCH_COLUMNS = (
+    "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
+    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times"
+)
+FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
+
+
+def _batch(row: Any) -> BatchRecord:
+    meta = json.loads(row[7]) if row[7] else None
+    return BatchRecord(
+        id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
+        status=row[4], created_at=row[5], expires_at=row[6], metadata=meta, total=row[8],
+        completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
+        output_file_id=row[13], error_file_id=row[14], times=json.loads(row[15]),
+    )  # fmt: skip
+
+
+class SQLiteStore:
+    """:class:`~proxy.batch.store.BatchStore` on SQLite. ``now`` gives epoch seconds."""
+
+    def __init__(self, path: Path, now: Callable[[], float]) -> None:
+        self.path = path
+        self.files_dir = Path(f"{path}.files")
+        self._now = now
+        self._db: sqlite3.Connection | None = None
+        self._lock = anyio.Lock()
+
+    # -- plumbing -----------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._db
+        assert db is not None, "store not open"
+        async with self._lock:
+            return await anyio.to_thread.run_sync(fn, db)
+
+    def _open_sync(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        elif version != SCHEMA_VERSION:
+            db.close()
+            raise RuntimeError(f"{self.path}: batch store schema {version} is not known")
+        return db
+
+    async def open(self) -> None:
+        self._db = await anyio.to_thread.run_sync(self._open_sync)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            async with self._lock:
+                await anyio.to_thread.run_sync(db.close)
+
+    def _stamp(self) -> int:
+        return int(self._now())
+
+    # -- files --------------------------------------------------------------------
+
+    def file_path(self, file_id: str) -> Path:
+        return self.files_dir / file_id
+
+    async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
+        file_id, now = f"file-{uuid.uuid4().hex}", self._stamp()
+
+        def add(db: sqlite3.Connection) -> FileRecord:
+            record = FileRecord(file_id, purpose, filename, source.stat().st_size, now)
+            os.replace(source, self.file_path(record.id))
+            db.execute(
+                f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                (record.id, purpose, filename, record.bytes, record.created_at),
+            )
+            return record
+
+        return await self._run(add)
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        def get(db: sqlite3.Connection) -> Any:
+            sql = f"SELECT {FILE_COLUMNS} FROM files WHERE id = ? AND deleted = 0"
+            return db.execute(sql, (file_id,)).fetchone()
+
+        row = await self._run(get)
+        return FileRecord(*row) if row else None
+
+    async def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            sql = f"SELECT {FILE_COLUMNS} FROM files WHERE deleted = 0"
+            return db.execute(*_page(sql, after, limit)).fetchall()
+
+        return [FileRecord(*row) for row in await self._run(rows)]
+
+    async def delete_file(self, file_id: str) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            sql = "UPDATE files SET deleted = 1 WHERE id = ? AND deleted = 0"
+            gone = db.execute(sql, (file_id,)).rowcount == 1
+            if gone:
+                self.file_path(file_id).unlink(missing_ok=True)
+            return gone
+
+        return await self._run(delete)
+
+    # -- batches ------------------------------------------------------------------
+
+    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
+        now = self._stamp()
+
+        def create(db: sqlite3.Connection) -> None:
+            with _tx(db):
+                db.execute(
+                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
+                    "status, created_at, expires_at, metadata, times) "
+                    "VALUES (?, ?, ?, ?, 'in_progress', ?, ?, ?, ?)",
+                    (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
+                     now + new.window_s, json.dumps(new.metadata) if new.metadata else None,
+                     json.dumps({"in_progress_at": now})),
+                )  # fmt: skip
+                total = _insert_lines(db, new.id, lines)
+                db.execute("UPDATE batches SET total = ? WHERE id = ?", (total, new.id))
+
+        await self._run(create)
+        found = await self.get_batch(new.id)
+        assert found is not None
+        return found
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        def get(db: sqlite3.Connection) -> Any:
+            sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?"
+            return db.execute(sql, (batch_id,)).fetchone()
+
+        row = await self._run(get)
+        return _batch(row) if row else None
+
+    async def list_batches(self, after: str | None, limit: int) -> list[BatchRecord]:
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE 1 = 1"
+            return db.execute(*_page(sql, after, limit)).fetchall()
+
+        return [_batch(row) for row in await self._run(rows)]
+
+    async def active_batches(self) -> list[BatchRecord]:
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            marks = ", ".join("?" for _ in ACTIVE)
+            sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN ({marks}) ORDER BY rowid"
+            return db.execute(sql, ACTIVE).fetchall()
+
+        return [_batch(row) for row in await self._run(rows)]
+
+    async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
+        now = self._stamp()
+
+        def move(db: sqlite3.Connection) -> bool:
+            marks = ", ".join("?" for _ in only_from)
+            sql = (
+                "UPDATE batches SET status = ?, times = json_set(times, ?, ?) "
+                f"WHERE id = ? AND status IN ({marks})"
+            )
+            args = (status, f"$.{status}_at", now, batch_id, *only_from)
+            return db.execute(sql, args).rowcount == 1
+
+        return await self._run(move)
+
+    async def count_by_status(self) -> dict[str, int]:
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            return db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall()
+
+        return dict(await self._run(rows))
+
+    # -- lines --------------------------------------------------------------------
+
+    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            sql = (
+                "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? AND idx > ? "
+                "AND result IS NULL ORDER BY idx LIMIT ?"
+            )
+            return db.execute(sql, (batch_id, after, limit)).fetchall()
+
+        return [PendingLine(i, c, json.loads(b)) for i, c, b in await self._run(rows)]
+
+    async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
+        def record(db: sqlite3.Connection) -> bool:
+            with _tx(db):
+                sql = "UPDATE lines SET ok = ?, result = ? WHERE batch_id = ? AND idx = ? "
+                sql += "AND result IS NULL"
+                if db.execute(sql, (int(result.ok), result.line, batch_id, idx)).rowcount != 1:
+                    return False
+                count = "completed" if result.ok else "failed"
+                extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
+                sql = f"UPDATE batches SET {count} = {count} + 1{extra} WHERE id = ?"
+                db.execute(sql, (batch_id,))
+                return True
+
+        return await self._run(record)
+
+    async def finalize(self, batch_id: str, status: str) -> BatchRecord:
+        now = self._stamp()
+        out_id, err_id = f"file-{batch_id}-output", f"file-{batch_id}-errors"
+
+        def finalize(db: sqlite3.Connection) -> None:
+            sizes = self._write_results(db, batch_id, out_id, err_id)
+            with _tx(db):
+                for file_id, size in zip((out_id, err_id), sizes, strict=True):
+                    db.execute(
+                        f"INSERT OR REPLACE INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                        (file_id, "batch_output", f"{file_id}.jsonl", size, now),
+                    )
+                db.execute(
+                    "UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?, "
+                    "times = json_set(times, ?, ?) WHERE id = ?",
+                    (status, out_id, err_id, f"$.{status}_at", now, batch_id),
+                )
+
+        await self._run(finalize)
+        found = await self.get_batch(batch_id)
+        assert found is not None
+        return found
+
+    def _write_results(
+        self, db: sqlite3.Connection, batch_id: str, out_id: str, err_id: str
+    ) -> tuple[int, int]:
+        """Stream the recorded lines into the two files (written whole, then renamed)."""
+        paths = [self.file_path(out_id), self.file_path(err_id)]
+        temps = [p.with_suffix(".tmp") for p in paths]
+        with temps[0].open("w") as out, temps[1].open("w") as err:
+            sql = "SELECT ok, result FROM lines WHERE batch_id = ? AND result IS NOT NULL "
+            for ok, line in db.execute(sql + "ORDER BY idx", (batch_id,)):
+                (out if ok else err).write(line + "\n")
+            for f in (out, err):
+                f.flush()
+                os.fsync(f.fileno())
+        for temp, path in zip(temps, paths, strict=True):
+            os.replace(temp, path)
+        return paths[0].stat().st_size, paths[1].stat().st_size
+
+
+class _tx:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, or ``ROLLBACK`` when the block raises."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if not self.db.in_transaction:
+            return
+        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _insert_lines(db: sqlite3.Connection, batch_id: str, lines: Iterator[LineSpec]) -> int:
+    total = 0
+    for line in lines:
+        try:
+            db.execute(
+                "INSERT INTO lines (batch_id, idx, custom_id, body) VALUES (?, ?, ?, ?)",
+                (batch_id, line.idx, line.custom_id, line.body),
+            )
+        except sqlite3.IntegrityError:
+            raise LineError(line.idx, f"duplicate custom_id `{line.custom_id}`") from None
+        total += 1
+    if total == 0:
+        raise LineError(0, "The input file has no requests.")
+    return total
+
+
+def _page(sql: str, after: str | None, limit: int) -> tuple[str, tuple[Any, ...]]:
+    """Newest first, starting after the row ``after`` names."""
+    if after is None:
+        return sql + " ORDER BY rowid DESC LIMIT ?", (limit,)
+    sql += " AND rowid < (SELECT rowid FROM {t} WHERE id = ?) ORDER BY rowid DESC LIMIT ?"
+    table = "files" if "FROM files" in sql else "batches"
+    return sql.replace("{t}", table), (after, limit)

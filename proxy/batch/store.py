@@ -1,0 +1,141 @@
+"""The batch store's contract: files, batches and their lines, durable.
+
+A backend keeps three things: uploaded files (their rows; their bytes on disk),
+batch jobs (status, timestamps, counts) and each job's lines (the request body,
+and once run, the one output or error line recorded for it). The guarantees the
+runner builds *exactly once* on:
+
+- :meth:`BatchStore.create_batch` stores a job and all its lines in one
+  transaction, or nothing (a bad line raises :class:`LineError`).
+- :meth:`BatchStore.record` stores a line's result and the job's counts in one
+  transaction, only if the line had no result yet; it says whether it did.
+- :meth:`BatchStore.finalize` writes the output and error files from the recorded
+  lines and sets the final status in one transaction; run again after a crash, it
+  writes the same files under the same ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+Json = dict[str, Any]
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+STATUSES = (
+    "validating", "failed", "in_progress", "finalizing",
+    "completed", "expired", "cancelling", "cancelled",
+)  # fmt: skip
+
+
+class LineError(ValueError):
+    """An input line the job cannot take; ``line`` counts from 1."""
+
+    def __init__(self, line: int, why: str) -> None:
+        super().__init__(f"Line {line}: {why}" if line else why)
+        self.line = line
+        self.why = why
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int
+
+
+@dataclass(frozen=True)
+class LineSpec:
+    """One valid input line: its position, ``custom_id`` and request body (JSON text)."""
+
+    idx: int
+    custom_id: str
+    body: str
+
+
+@dataclass(frozen=True)
+class PendingLine:
+    idx: int
+    custom_id: str
+    body: Json
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """A line's outcome: ``ok`` lines go to the output file, the others to the error
+    file; ``line`` is the whole JSONL line; ``quality`` is ``valid``/``invalid``
+    where the line asked for structured output, else empty."""
+
+    ok: bool
+    line: str
+    quality: str = ""
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: int
+    expires_at: int
+    metadata: Mapping[str, str] | None
+    total: int
+    completed: int
+    failed: int
+    valid: int = 0
+    invalid: int = 0
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    times: Mapping[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewBatch:
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    window_s: int
+    metadata: Mapping[str, str] | None
+
+
+class BatchStore(Protocol):
+    """Every method is safe to call from the event loop (backends run their I/O
+    off it). Ids are made by the caller or by the backend as documented."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
+        """Move ``source`` into the store under a new id."""
+        ...
+
+    async def get_file(self, file_id: str) -> FileRecord | None: ...
+    async def list_files(self, after: str | None, limit: int) -> list[FileRecord]: ...
+    async def delete_file(self, file_id: str) -> bool: ...
+    def file_path(self, file_id: str) -> Path: ...
+
+    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
+        """Store the job and its lines; raises :class:`LineError` (nothing stored)."""
+        ...
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None: ...
+    async def list_batches(self, after: str | None, limit: int) -> list[BatchRecord]: ...
+    async def active_batches(self) -> list[BatchRecord]: ...
+    async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
+        """Move the job to ``status`` (stamping ``<status>_at``) if it is in ``only_from``."""
+        ...
+
+    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
+        """Up to ``limit`` lines without a result, positions above ``after``, in order."""
+        ...
+
+    async def record(self, batch_id: str, idx: int, result: LineResult) -> bool: ...
+    async def finalize(self, batch_id: str, status: str) -> BatchRecord: ...
+    async def count_by_status(self) -> dict[str, int]: ...

@@ -1,0 +1,26 @@
+"""The batch settings: read from the file and the environment, checked by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import ConfigError, load_settings, settings_from_dict
+
+ENGINES = {"engines": ["http://127.0.0.1:8000"]}
+
+
+@pytest.mark.parametrize(
+    "key", ["batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts"]
+)
+def test_a_limit_below_one_names_its_key(key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        settings_from_dict({**ENGINES, key: 0})
+
+
+def test_the_store_path_comes_from_the_environment() -> None:
+    env = {"WHOSETURN_BATCH_STORE_PATH": "/tmp/b.db", "WHOSETURN_ENGINES": "http://h:1"}
+    assert load_settings(None, env=env).batch_store_path == "/tmp/b.db"
+
+
+def test_the_batch_api_is_off_by_default() -> None:
+    assert settings_from_dict(ENGINES).batch_store_path == ""

@@ -1,0 +1,113 @@
+"""The runner over a real SQLite store, with the request path replaced by a
+function that answers as an engine would: retries, the window, the files."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter as Tally
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from proxy.api.inputs import ChatRequest
+from proxy.batch.lines import read_lines
+from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
+from proxy.batch.sqlite import SQLiteStore
+from proxy.batch.store import NewBatch
+
+pytestmark = pytest.mark.anyio
+CHAT = "/v1/chat/completions"
+OK = {"object": "chat.completion", "choices": [{"message": {"content": "{}"}}]}
+
+
+def jsonl(n: int) -> bytes:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": CHAT, "body": body} for i in range(n)]
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+class Engine:
+    """Answers each line's tries from a script: ``fails[custom_id]`` 5xx first."""
+
+    def __init__(self, fails: dict[str, int]) -> None:
+        self.fails = fails
+        self.tries: Tally[str] = Tally()
+        self.inflight = 0
+        self.most_inflight = 0
+
+    async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+        custom_id = job_id.split("/")[1]
+        self.tries[custom_id] += 1
+        self.inflight += 1
+        self.most_inflight = max(self.most_inflight, self.inflight)
+        await anyio.sleep(0.001)
+        self.inflight -= 1
+        if self.tries[custom_id] <= self.fails.get(custom_id, 0):
+            return 503, {"error": {"message": "busy"}}
+        return 200, OK
+
+
+async def run_job(
+    tmp_path: Path, engine: Engine, lines: int, window: int, known: Any = lambda: True
+) -> SQLiteStore:
+    store = SQLiteStore(tmp_path / "b.db", lambda: 0.0)
+    await store.open()
+    new = NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None)
+    await store.create_batch(new, read_lines(io.BytesIO(jsonl(lines)), CHAT, 10_000))
+    registry = CollectorRegistry()
+    records = Counter("records", "r", ["status"], registry=registry)
+    limits = RunnerLimits(window=window, max_attempts=3, backoff_s=0.001, poll_s=0.01)
+    metrics = BatchMetrics(registry, records)
+    runner = BatchRunner(store, engine.complete, metrics, limits, lambda: 0, known)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner.run)
+            while True:
+                batch = await store.get_batch("batch_1")
+                if batch is not None and batch.status == "completed":
+                    break
+                await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+    return store
+
+
+async def test_engine_errors_are_retried_then_recorded(tmp_path: Path) -> None:
+    engine = Engine({"c1": 2, "c2": 5})
+    store = await run_job(tmp_path, engine, 4, window=2)
+    batch = await store.get_batch("batch_1")
+    assert batch is not None and (batch.completed, batch.failed) == (3, 1)
+    assert engine.tries == {"c0": 1, "c1": 3, "c2": 3, "c3": 1}
+    assert batch.error_file_id is not None
+    errors = store.file_path(batch.error_file_id).read_text().splitlines()
+    assert [json.loads(x)["response"]["status_code"] for x in errors] == [503]
+    await store.close()
+
+
+async def test_the_window_bounds_the_lines_in_flight(tmp_path: Path) -> None:
+    engine = Engine({})
+    store = await run_job(tmp_path, engine, 200, window=8)
+    assert engine.most_inflight <= 8
+    assert sum(engine.tries.values()) == 200
+    batch = await store.get_batch("batch_1")
+    assert batch is not None and batch.output_file_id is not None
+    out = store.file_path(batch.output_file_id).read_text().splitlines()
+    assert [json.loads(x)["custom_id"] for x in out] == [f"c{i}" for i in range(200)]
+    await store.close()
+
+
+async def test_no_line_is_fed_before_the_engines_models_are_known(tmp_path: Path) -> None:
+    engine = Engine({})
+    asked: list[int] = []
+
+    def known() -> bool:
+        asked.append(len(engine.tries))
+        return len(asked) > 5
+
+    store = await run_job(tmp_path, engine, 3, window=2, known=known)
+    assert asked[:5] == [0] * 5
+    assert sum(engine.tries.values()) == 3
+    await store.close()
