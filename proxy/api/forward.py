@@ -25,11 +25,12 @@ import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
+from proxy.api.guard import StartWatch
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
@@ -353,15 +354,9 @@ class RelayResponse(StreamingResponse):
         self.relay.finish(self.outcome)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = StartWatch(send)
         try:
-            await super().__call__(scope, receive, tracked)
+            await super().__call__(scope, receive, watch)
         except anyio.get_cancelled_exc_class():
             if not self.relay.services.admission.closed:
                 raise
@@ -370,7 +365,7 @@ class RelayResponse(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self._gen.aclose()  # type: ignore[attr-defined]
                 await self._close()
-                if started:
+                if watch.started:
                     end = sse_error("The proxy is shutting down; the stream was cut off.") + DONE
                     await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:

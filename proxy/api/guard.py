@@ -24,6 +24,19 @@ from proxy.api.errors import APIError
 logger = logging.getLogger(__name__)
 
 
+class StartWatch:
+    """An ASGI ``send`` that remembers whether the response has started (after which
+    no other status can be sent, only the body cut short)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self.send(message)
+
+
 class BodyTooLarge(APIError):
     def __init__(self, limit: int) -> None:
         super().__init__(
@@ -59,19 +72,13 @@ class Guard:
         if length is not None and length > self.limit:
             await _send_error(send, BodyTooLarge(self.limit), {})
             return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = StartWatch(send)
         try:
-            await self.app(scope, self._limited(receive), tracked)
+            await self.app(scope, self._limited(receive), watch)
         except ClientDisconnect:
             logger.debug("client left while sending %s %s", scope["method"], scope["path"])
         except Exception:
-            await self._failed(scope, send, started)
+            await self._failed(scope, send, watch.started)
 
     def _limited(self, receive: Receive) -> Receive:
         """``receive``, raising :class:`BodyTooLarge` once the body passes the limit."""

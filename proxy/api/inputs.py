@@ -184,17 +184,24 @@ async def read_request(
 ) -> ChatRequest:
     """Read and check the client's request (400/403 on what is wrong with it)."""
     body = read_completion(await read_json(request), path)
+    return describe(body, path, traffic_class(request, default, settings))
+
+
+def describe(body: Json, path: str, cls: TrafficClass, sent: Json | None = None) -> ChatRequest:
+    """The description of a checked completion ``body`` for ``path``; ``sent`` is the
+    body as it goes upstream (and says the stream wish) where it differs."""
     chat = path.endswith("/chat/completions")
     messages = body.get("messages") if chat else None
     text = prompt_text(body, chat)
+    sent = body if sent is None else sent
     return ChatRequest(
         path=path,
-        cls=traffic_class(request, default, settings),
+        cls=cls,
         model=body["model"],
         messages=messages if isinstance(messages, list) else None,
         prompt=body.get("prompt"),
         text=text,
-        wish=stream_wish(body),
+        wish=stream_wish(sent),
         affinity=affinity_key(body, text),
-        upstream=upstream_body(body, None),
+        upstream=upstream_body(sent, None),
     )

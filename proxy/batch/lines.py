@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import jsonschema
 
-from proxy.api.inputs import ChatRequest, affinity_key, prompt_text, stream_wish, upstream_body
+from proxy.api.inputs import ChatRequest, describe
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
 from proxy.scheduler import TrafficClass
 
@@ -55,21 +55,9 @@ def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec
 def line_request(body: Json, endpoint: str) -> ChatRequest:
     """The request a line makes, as the batch routes would read it (batch class, one
     whole answer)."""
-    messages = body.get("messages")
-    text = prompt_text(body)
     plain = {**body, "stream": False}
     plain.pop("stream_options", None)
-    return ChatRequest(
-        path=endpoint,
-        cls=TrafficClass.BATCH,
-        model=body["model"],
-        messages=messages if isinstance(messages, list) else None,
-        prompt=body.get("prompt"),
-        text=text,
-        wish=stream_wish(plain),
-        affinity=affinity_key(body, text),
-        upstream=upstream_body(plain, None),
-    )
+    return describe(body, endpoint, TrafficClass.BATCH, plain)
 
 
 def _request_id() -> str:

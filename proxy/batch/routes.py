@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -35,6 +36,7 @@ from proxy.batch.store import (
 )
 from proxy.config import Settings
 
+R = TypeVar("R", FileRecord, BatchRecord)
 FORM_SLACK_BYTES = 64 * 1024  # multipart framing and the other fields
 
 
@@ -77,24 +79,41 @@ def _limit(request: Request) -> int:
     return int(raw)
 
 
+def _read_routes(
+    app: FastAPI,
+    get: Getter,
+    path: str,
+    what: str,
+    lister: Callable[[BatchStore], Callable[[str | None, int], Awaitable[list[R]]]],
+    getter: Callable[[BatchStore], Callable[[str], Awaitable[R | None]]],
+    render: Callable[[R], Json],
+) -> None:
+    """``GET path`` (a page: ``after``, ``limit``) and ``GET path/{id}`` of ``what``."""
+
+    @app.get(path, name=f"list_{what}")
+    async def listing(request: Request) -> JSONResponse:
+        api, limit = _api(request, get), _limit(request)
+        found = await lister(api.store)(request.query_params.get("after"), limit + 1)
+        return JSONResponse(page([render(x) for x in found], limit))
+
+    @app.get(path + "/{ident}", name=f"get_{what}")
+    async def one(request: Request, ident: str) -> JSONResponse:
+        found = await getter(_api(request, get).store)(ident)
+        if found is None:
+            raise not_found(what, ident)
+        return JSONResponse(render(found))
+
+
 def _file_routes(app: FastAPI, get: Getter) -> None:
     @app.post("/v1/files")
     async def upload(request: Request) -> JSONResponse:
         api = _api(request, get)
         return JSONResponse(file_object(await _store_upload(request, api)))
 
-    @app.get("/v1/files")
-    async def list_files(request: Request) -> JSONResponse:
-        api, limit = _api(request, get), _limit(request)
-        found = await api.store.list_files(request.query_params.get("after"), limit + 1)
-        return JSONResponse(page([file_object(f) for f in found], limit))
-
-    @app.get("/v1/files/{file_id}")
-    async def get_file(request: Request, file_id: str) -> JSONResponse:
-        found = await _api(request, get).store.get_file(file_id)
-        if found is None:
-            raise not_found("file", file_id)
-        return JSONResponse(file_object(found))
+    _read_routes(
+        app, get, "/v1/files", "file",
+        lambda store: store.list_files, lambda store: store.get_file, file_object,
+    )  # fmt: skip
 
     @app.get("/v1/files/{file_id}/content")
     async def content(request: Request, file_id: str) -> FileResponse:
@@ -144,18 +163,10 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
         api = _api(request, get)
         return JSONResponse(batch_object(await _create(api, await _read_body(request))))
 
-    @app.get("/v1/batches")
-    async def list_batches(request: Request) -> JSONResponse:
-        api, limit = _api(request, get), _limit(request)
-        found = await api.store.list_batches(request.query_params.get("after"), limit + 1)
-        return JSONResponse(page([batch_object(b) for b in found], limit))
-
-    @app.get("/v1/batches/{batch_id}")
-    async def get_batch(request: Request, batch_id: str) -> JSONResponse:
-        found = await _api(request, get).store.get_batch(batch_id)
-        if found is None:
-            raise not_found("batch", batch_id)
-        return JSONResponse(batch_object(found))
+    _read_routes(
+        app, get, "/v1/batches", "batch",
+        lambda store: store.list_batches, lambda store: store.get_batch, batch_object,
+    )  # fmt: skip
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel(request: Request, batch_id: str) -> JSONResponse:
