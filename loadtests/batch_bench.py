@@ -23,14 +23,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadtests.processes import (
-    free_port,
-    loopback_url,
-    running,
-    serve_command,
-    wait_until_ok,
-    whoseturn_command,
-)
+from loadtests import processes
 from proxy.batch.lines import answered, read_lines
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
@@ -77,17 +70,20 @@ def peak_rss_kb(pid: int) -> int:
 
 def proxy_run(folder: Path, lines: int, max_s: float) -> None:
     """Run a job through the whole proxy and print its rate and peak RSS growth."""
-    sim_port, port = free_port(), free_port()
-    sim = whoseturn_command("sim", "--profile", "cpu-tiny", "--served-model-name", MODEL,
-                            "--time-scale", "100", "--port", str(sim_port))  # fmt: skip
-    engine = {"url": loopback_url(sim_port), "name": "sim-0", "models": [MODEL]}
+    sim_port, port = processes.free_port(), processes.free_port()
+    sim_url, url = processes.loopback_url(sim_port), processes.loopback_url(port)
+    sim = processes.whoseturn_command(
+        "sim", "--profile", "cpu-tiny", "--served-model-name", MODEL,
+        "--time-scale", "100", "--port", str(sim_port),
+    )  # fmt: skip
+    engine = {"url": sim_url, "name": "sim-0", "models": [MODEL]}
     store = {"batch_store_path": str(folder / "proxy.db"), "batch_max_lines": lines}
-    serve = serve_command(folder / "proxy.yaml", port=port, engines=[engine], **store)
-    with running(sim), running(serve) as proxy:
-        wait_until_ok(loopback_url(sim_port) + "/health", timeout_s=30)
-        wait_until_ok(loopback_url(port) + "/readyz", process=proxy, timeout_s=30)
+    serve = processes.serve_command(folder / "proxy.yaml", port=port, engines=[engine], **store)
+    with processes.running(sim), processes.running(serve) as proxy:
+        processes.wait_until_ok(sim_url + "/health", timeout_s=30)
+        processes.wait_until_ok(url + "/readyz", process=proxy, timeout_s=30)
         before = peak_rss_kb(proxy.pid)
-        with httpx.Client(base_url=loopback_url(port), timeout=120) as http:
+        with httpx.Client(base_url=url, timeout=120) as http:
             up = http.post("/v1/files", files={"file": ("job.jsonl", job_file(lines))},
                            data={"purpose": "batch"}).json()  # fmt: skip
             ask = {"input_file_id": up["id"], "endpoint": CHAT, "completion_window": "24h"}

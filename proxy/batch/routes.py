@@ -70,6 +70,14 @@ def install_batch_routes(app: FastAPI, get: Getter) -> None:
     """``/v1/files...`` and ``/v1/batches...``; ``get`` finds the running :class:`BatchAPI`."""
     _file_routes(app, get)
     _batch_routes(app, get)
+    _read_routes(
+        app, get, "/v1/files", "file",
+        lambda store: store.list_files, lambda store: store.get_file, file_object,
+    )  # fmt: skip
+    _read_routes(
+        app, get, "/v1/batches", "batch",
+        lambda store: store.list_batches, lambda store: store.get_batch, batch_object,
+    )  # fmt: skip
 
 
 def _limit(request: Request) -> int:
@@ -109,11 +117,6 @@ def _file_routes(app: FastAPI, get: Getter) -> None:
     async def upload(request: Request) -> JSONResponse:
         api = _api(request, get)
         return JSONResponse(file_object(await _store_upload(request, api)))
-
-    _read_routes(
-        app, get, "/v1/files", "file",
-        lambda store: store.list_files, lambda store: store.get_file, file_object,
-    )  # fmt: skip
 
     @app.get("/v1/files/{file_id}/content")
     async def content(request: Request, file_id: str) -> FileResponse:
@@ -162,11 +165,6 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
     async def create(request: Request) -> JSONResponse:
         api = _api(request, get)
         return JSONResponse(batch_object(await _create(api, await _read_body(request))))
-
-    _read_routes(
-        app, get, "/v1/batches", "batch",
-        lambda store: store.list_batches, lambda store: store.get_batch, batch_object,
-    )  # fmt: skip
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel(request: Request, batch_id: str) -> JSONResponse:
