@@ -171,7 +171,8 @@ def _row_json(row: SizeStalls) -> dict[str, Any]:
     }
 
 
-def _line_json(line: Line | None) -> dict[str, Any] | None:
+def _line_json(line: Line | BrokenLine | None) -> dict[str, Any] | None:
+    """A fitted line's (or a broken line's first segment's) figures, in ms."""
     if line is None:
         return None
     return {
@@ -185,11 +186,9 @@ def _broken_json(broken: BrokenLine | None) -> dict[str, Any] | None:
     if broken is None:
         return None
     return {
-        "intercept_ms": _round(broken.intercept_s * 1000),
-        "ms_per_1k_tokens": _round(broken.slope_s_per_token * 1e6),
+        **(_line_json(broken) or {}),
         "knee_tokens": round(broken.knee_tokens),
         "ms_per_1k_tokens_after": _round(broken.slope_after_s_per_token * 1e6),
-        "sse_ms2": _round(broken.sse * 1e6),
     }
 
 

@@ -160,27 +160,24 @@ def test_tiny_prompts_say_nothing() -> None:
     assert "larger prompts" in a.reason
 
 
-def test_a_stall_with_no_long_gap_to_count() -> None:
-    measured = [replace(i, prefill_steps=0) for i in injections(Engine(chunk=None))]
+@pytest.mark.parametrize(
+    ("chunk", "steps", "reason"),
+    [
+        # no prefill step seen at all
+        (None, 0, "no gap of the decode stream stood out"),
+        # a knee, but every prompt in one step
+        (511, 1, "prefilled in one step"),
+        # an engine that lets decode run a few steps before each whole prefill: the
+        # prompts wait, then stall decode for all of their prefill
+        (None, 3, "while prompts waited"),
+    ],
+    ids=["no-long-gap", "knee-in-one-step", "steps-not-growing-with-the-prompt"],
+)
+def test_inconclusive_step_counts(chunk: int | None, steps: int, reason: str) -> None:
+    measured = [replace(i, prefill_steps=steps) for i in injections(Engine(chunk=chunk))]
     a = analyze(measured)
     assert a.verdict is Verdict.INCONCLUSIVE
-    assert "no gap of the decode stream stood out" in a.reason
-
-
-def test_a_knee_but_every_prompt_in_one_step() -> None:
-    measured = [replace(i, prefill_steps=1) for i in injections(Engine(chunk=511))]
-    a = analyze(measured)
-    assert a.verdict is Verdict.INCONCLUSIVE
-    assert "prefilled in one step" in a.reason
-
-
-def test_steps_that_do_not_grow_with_the_prompt() -> None:
-    # An engine that lets decode run a few steps before each whole prefill: the
-    # prompts wait, then stall decode for all of their prefill.
-    measured = [replace(i, prefill_steps=3) for i in injections(Engine(chunk=None))]
-    a = analyze(measured)
-    assert a.verdict is Verdict.INCONCLUSIVE
-    assert "while prompts waited" in a.reason
+    assert reason in a.reason
 
 
 def test_one_step_prompts_that_barely_stall() -> None:
