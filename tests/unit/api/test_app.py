@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from proxy.api.sse import SSEReader
+from proxy.server import ProxyState
 
 from .helpers import (
     CHAT,
@@ -386,17 +387,24 @@ async def test_api_keys_enforced() -> None:
 # -- prompt sizes ---------------------------------------------------------------------
 
 
+def prompt_tokens_at_each_call(engines: FakeEngines, state: ProxyState) -> list[int]:
+    """A list that fills, at each generation call to ``engines``, with the prompt
+    tokens of the jobs the scheduler holds then."""
+    seen: list[int] = []
+
+    def generate(call: Call) -> httpx.Response:
+        seen.extend(j.prompt_tokens for j in state.scheduler.jobs.values())
+        return FakeEngines.default_generate(call)
+
+    engines.generate = generate
+    return seen
+
+
 async def test_batch_request_counted_by_the_engines_tokenizer() -> None:
     engines = FakeEngines()
     engines.token_count = 5000
-    seen: list[int] = []
     async with running(engines.settings(), engines) as (client, state):
-
-        def generate(call: Call) -> httpx.Response:
-            seen.extend(j.prompt_tokens for j in state.scheduler.jobs.values())
-            return FakeEngines.default_generate(call)
-
-        engines.generate = generate
+        seen = prompt_tokens_at_each_call(engines, state)
         response = await client.post("/batch" + CHAT, json=chat_body())
         inflight_after = dict(state.scheduler.jobs)
     assert response.status_code == 200
@@ -423,14 +431,8 @@ async def test_batch_completion_counted_by_prompt() -> None:
 )
 async def test_batch_prompt_lists_counted_as_their_sum(prompt: Any, tokens: int) -> None:
     engines = FakeEngines()
-    seen: list[int] = []
     async with running(engines.settings(), engines) as (client, state):
-
-        def generate(call: Call) -> httpx.Response:
-            seen.extend(j.prompt_tokens for j in state.scheduler.jobs.values())
-            return FakeEngines.default_generate(call)
-
-        engines.generate = generate
+        seen = prompt_tokens_at_each_call(engines, state)
         await client.post("/batch" + COMPLETIONS, json={"model": "m", "prompt": prompt})
     assert seen == [tokens]
 
