@@ -199,6 +199,16 @@ def fcfs_result() -> ArmResult:
     )
 
 
+def with_long_gap(*stops: tuple[float, float]) -> tuple[ArmResult, dict[str, Any]]:
+    """:func:`fcfs_result` with a repetition 4 whose running stream has a 5 s gap, the
+    machine stopped for ``stops`` during it; the result and its summary."""
+    result = fcfs_result()
+    result.repetitions.append(
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=stops)
+    )
+    return result, summarize(result)
+
+
 # -- the records' views -----------------------------------------------------------------
 
 
@@ -342,12 +352,8 @@ def test_the_running_streams_worst_gap_has_its_max_and_its_median_over_repetitio
 
 
 def test_a_gap_over_a_stop_of_the_machine_counts_net_of_the_stop() -> None:
-    result = fcfs_result()
     # the 5 s gap of repetition 4 spans a 4.9 s stop of the machine
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(4, 4.9),))
-    )
-    s = summarize(result)
+    _, s = with_long_gap(in_gap(4, 4.9))
     assert s["running_worst_gap"] == pytest.approx(5.01)
     assert s["running_worst_gap_median"] == pytest.approx(0.81)
     # repetition 4's 5.01 s gap counts 5.01 - 4.9 = 0.11 s, still its worst
@@ -360,27 +366,19 @@ def test_a_gap_over_a_stop_of_the_machine_counts_net_of_the_stop() -> None:
 
 
 def test_a_short_stop_in_a_long_gap_takes_off_only_its_own_length() -> None:
-    result = fcfs_result()
     # a 0.5 s stop inside the 5 s gap of repetition 4: 4.51 s of it is left
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(4, 0.5),))
-    )
-    s = summarize(result)
+    _, s = with_long_gap(in_gap(4, 0.5))
     assert s["running_worst_gap_net"] == pytest.approx(4.51)
     assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
 
 
 def test_a_stop_over_the_whole_gap_leaves_the_streams_even_gaps() -> None:
-    result = fcfs_result()
     # a stop from before the 5 s gap of repetition 4 opens to after it closes, over
     # the 0.01 s gaps either side of it too: they all net to nothing; the stream's
     # other even 0.01 s gaps are left
     long_gap = (400.0 - 0.81, 5.01)
     stop = (long_gap[0] - 0.015, long_gap[1] + 0.03)
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(stop,))
-    )
-    s = summarize(result)
+    result, s = with_long_gap(stop)
     assert s["running_worst_gap_net"] == pytest.approx(0.81)
     assert s["running_worst_gap_net_median"] == pytest.approx(0.41)
     record = result.repetitions[-1].of("running")[0]
@@ -388,14 +386,10 @@ def test_a_stop_over_the_whole_gap_leaves_the_streams_even_gaps() -> None:
 
 
 def test_overlapping_stops_in_one_gap_are_not_counted_twice() -> None:
-    result = fcfs_result()
     # two 3 s stops in the 5.01 s gap of repetition 4, overlapping by 1 s: 5 s stopped
     first = in_gap(4, 3.0)
     second = (first[0] + 2.0, 3.0)
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(first, second))
-    )
-    s = summarize(result)
+    result, s = with_long_gap(first, second)
     # 5.01 - 5 = 0.01, not 5.01 - 6 (below nothing) nor 5.01 - 3
     assert s["running_worst_gap_net"] == pytest.approx(0.81)
     record = result.repetitions[-1].of("running")[0]
@@ -404,22 +398,14 @@ def test_overlapping_stops_in_one_gap_are_not_counted_twice() -> None:
 
 
 def test_a_repetitions_stops_count_only_against_its_own_gaps() -> None:
-    result = fcfs_result()
     # a stop at the time of repetition 1's gap, recorded against repetition 4
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(in_gap(1, 4.9),))
-    )
-    s = summarize(result)
+    _, s = with_long_gap(in_gap(1, 4.9))
     assert s["running_worst_gap_net"] == pytest.approx(5.01)
     assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
 
 
 def test_a_stop_after_the_stream_ended_changes_nothing() -> None:
-    result = fcfs_result()
-    result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=(away(4, 4.9),))
-    )
-    s = summarize(result)
+    _, s = with_long_gap(away(4, 4.9))
     assert s["running_worst_gap_net"] == pytest.approx(5.01)
     assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
 
