@@ -36,8 +36,13 @@ from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, Tr
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
+    """The scheduler's own knobs. ``interactive_hold`` False switches the rule
+    "batch held while interactive is in prefill" off: only for experiments that
+    show what the rule is worth (the twin's rule arms)."""
+
     affinity_slack_tokens: int = 2048
     decision_log_size: int = 1000
+    interactive_hold: bool = True
 
 
 class UnknownModel(LookupError):
@@ -56,7 +61,8 @@ class Scheduler:
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
-        self.engines = {e.name: EngineState(e, now) for e in engines}
+        hold = self.settings.interactive_hold
+        self.engines = {e.name: EngineState(e, now, interactive_hold=hold) for e in engines}
         if len(self.engines) != len(engines):
             raise ValueError("engine names must be unique")
         self.queues: dict[TrafficClass, deque[Job]] = {c: deque() for c in TrafficClass}
@@ -273,7 +279,7 @@ class Scheduler:
         at_cap = len(engine.inflight) >= engine.settings.max_inflight
         if at_cap:
             return Turn.SATURATED, HeldReason.CONCURRENCY_CAP if head else None
-        if pressure or engine.interactive_in_prefill():
+        if engine.holds_for_interactive(pressure):
             return Turn.INTERACTIVE, HeldReason.INTERACTIVE_WAITING if head else None
         if head is not None:
             reason = engine.batch_refusal(head, False)

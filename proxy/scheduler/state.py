@@ -25,8 +25,11 @@ class EngineLoad:
 
 
 class EngineState:
-    def __init__(self, settings: EngineConfig, now: float) -> None:
+    def __init__(
+        self, settings: EngineConfig, now: float, *, interactive_hold: bool = True
+    ) -> None:
         self.settings = settings
+        self.interactive_hold = interactive_hold
         self.name = settings.name
         self.up = True
         self.load = EngineLoad()
@@ -74,6 +77,11 @@ class EngineState:
 
     # -- admission -------------------------------------------------------------
 
+    def holds_for_interactive(self, interactive_queued: bool) -> bool:
+        """Whether interactive work (queued for this engine, or in prefill on it)
+        holds batch here; never with the hold switched off (an experiment's arm)."""
+        return self.interactive_hold and (interactive_queued or self.interactive_in_prefill())
+
     def can_take_interactive(self) -> bool:
         return self.up and len(self.inflight) < self.settings.max_inflight
 
@@ -86,7 +94,7 @@ class EngineState:
         s = self.settings
         if not self.up:
             return HeldReason.ENGINE_UNHEALTHY
-        if interactive_queued or self.interactive_in_prefill():
+        if self.holds_for_interactive(interactive_queued):
             return HeldReason.INTERACTIVE_WAITING
         if len(self.inflight) >= s.max_inflight or self.count(TrafficClass.BATCH) >= (
             s.batch_max_inflight
