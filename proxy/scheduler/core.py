@@ -10,7 +10,7 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
   least predicted wait for a first token (or its conversation's engine, if close),
   unless every engine for its model is at its hard concurrency cap or down.
 - **Batch within the budget.** A batch job is dispatched to an engine only if no
-  interactive job is queued for that engine or in prefill on it, the engine has
+  interactive job is in prefill on it, the engine has
   concurrency and KV headroom, and the prompt tokens in prefill there (all
   classes) plus its own stay within the engine's budget ``B``; one batch job may
   always run when nothing is in prefill. Batch jobs are taken in arrival order per
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -139,18 +139,14 @@ class Scheduler:
             out.append(self._send(now, job, engine))
         return out
 
-    def _interactive_queued_for(self, engine: EngineState) -> bool:
-        return any(engine.eligible(j) for j in self.queues[TrafficClass.INTERACTIVE])
-
     def _dispatch_batch(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
         blocked: set[str] = set()
-        pressure = {e.name: self._interactive_queued_for(e) for e in self.engines.values()}
         for job in list(self.queues[TrafficClass.BATCH]):
             candidates = [e for e in self._candidates(job) if e.name not in blocked]
             if not candidates:
                 continue
-            refusals = {e.name: e.batch_refusal(job, pressure[e.name]) for e in candidates}
+            refusals = {e.name: e.batch_refusal(job) for e in candidates}
             open_ = [e for e in candidates if refusals[e.name] is None]
             if open_:
                 engine = min(open_, key=lambda e: (e.prefill_tokens(), len(e.inflight), e.name))
@@ -264,28 +260,40 @@ class Scheduler:
 
     def _end(self, now: float) -> None:
         for engine in self.engines.values():
-            turn, reason = self._turn_of(engine)
-            engine.set_turn(now, turn, reason)
+            _, reason = self._turn_of(engine)
             engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
+            # on the budget as it now stands: one that just grew may admit the held
+            # job at the next dispatch, and the turn says so already
+            engine.set_turn(now, *self._turn_of(engine))
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
         return next((j for j in self.queues[TrafficClass.BATCH] if engine.eligible(j)), None)
 
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
+        """The engine's turn, and why its first batch job is held: exactly what
+        :meth:`EngineState.batch_refusal` says of that job (an interactive job still
+        queued is one every engine of its model refused: they are saturated)."""
         head = self._head_batch_job(engine)
-        if not engine.up:
-            return Turn.SATURATED, HeldReason.ENGINE_UNHEALTHY if head else None
-        pressure = self._interactive_queued_for(engine)
-        at_cap = len(engine.inflight) >= engine.settings.max_inflight
-        if at_cap:
-            return Turn.SATURATED, HeldReason.CONCURRENCY_CAP if head else None
-        if engine.holds_for_interactive(pressure):
-            return Turn.INTERACTIVE, HeldReason.INTERACTIVE_WAITING if head else None
         if head is not None:
-            reason = engine.batch_refusal(head, False)
-            if reason is HeldReason.KV_HEADROOM:
-                return Turn.SATURATED, reason
-            return Turn.BATCH, reason
-        if engine.count(TrafficClass.BATCH):
-            return Turn.BATCH, None
-        return Turn.IDLE, None
+            reason = engine.batch_refusal(head)
+            return _TURN_OF_REASON[reason](engine), reason
+        if not engine.up or engine.at_cap():
+            return Turn.SATURATED, None
+        if engine.holds_for_interactive():
+            return Turn.INTERACTIVE, None
+        return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+def _cap_turn(engine: EngineState) -> Turn:
+    """Batch at a cap: the engine's own cap saturates it; batch's own cap does not."""
+    return Turn.SATURATED if engine.at_cap() else Turn.BATCH
+
+
+_TURN_OF_REASON: dict[HeldReason | None, Callable[[EngineState], Turn]] = {
+    None: lambda _: Turn.BATCH,
+    HeldReason.ENGINE_UNHEALTHY: lambda _: Turn.SATURATED,
+    HeldReason.CONCURRENCY_CAP: _cap_turn,
+    HeldReason.INTERACTIVE_WAITING: lambda _: Turn.INTERACTIVE,
+    HeldReason.KV_HEADROOM: lambda _: Turn.SATURATED,
+    HeldReason.PREFILL_BUDGET: lambda _: Turn.BATCH,
+}

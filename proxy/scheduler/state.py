@@ -77,16 +77,21 @@ class EngineState:
 
     # -- admission -------------------------------------------------------------
 
-    def holds_for_interactive(self, interactive_queued: bool) -> bool:
-        """Whether interactive work (queued for this engine, or in prefill on it)
-        holds batch here; never with the hold switched off (an experiment's arm)."""
-        return self.interactive_hold and (interactive_queued or self.interactive_in_prefill())
-
     def can_take_interactive(self) -> bool:
-        return self.up and len(self.inflight) < self.settings.max_inflight
+        return self.up and not self.at_cap()
 
-    def batch_refusal(self, job: Job, interactive_queued: bool) -> HeldReason | None:
-        """Why ``job`` (batch) may not be dispatched here now; None if it may.
+    def at_cap(self) -> bool:
+        return len(self.inflight) >= self.settings.max_inflight
+
+    def holds_for_interactive(self) -> bool:
+        """Whether interactive work in prefill here holds batch; never with the hold
+        switched off (an experiment's arm)."""
+        return self.interactive_hold and self.interactive_in_prefill()
+
+    def batch_refusal(self, job: Job) -> HeldReason | None:
+        """Why ``job`` (batch) may not be dispatched here now; None if it may. The
+        checks run in the order the turn names them (:meth:`Scheduler._turn_of`), so
+        the held reason and the turn always agree.
 
         The single-request rule: a job larger than the budget still runs when
         nothing else is in prefill, so no prompt is starved by its size.
@@ -94,11 +99,11 @@ class EngineState:
         s = self.settings
         if not self.up:
             return HeldReason.ENGINE_UNHEALTHY
-        if self.holds_for_interactive(interactive_queued):
+        if self.at_cap():
+            return HeldReason.CONCURRENCY_CAP
+        if self.holds_for_interactive():
             return HeldReason.INTERACTIVE_WAITING
-        if len(self.inflight) >= s.max_inflight or self.count(TrafficClass.BATCH) >= (
-            s.batch_max_inflight
-        ):
+        if self.count(TrafficClass.BATCH) >= s.batch_max_inflight:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM

@@ -10,6 +10,7 @@ from proxy.scheduler import (
     HeldReason,
     Phase,
     Scheduler,
+    Turn,
     UnknownModel,
 )
 from proxy.scheduler.routing import AffinityMap
@@ -193,7 +194,9 @@ def test_batch_goes_to_the_engine_with_the_least_prefill() -> None:
     assert sent(s) == {docs[0].id: "a", docs[1].id: "b", docs[2].id: "a", docs[3].id: "b"}
 
 
-def test_batch_waits_while_interactive_is_queued_for_the_engine() -> None:
+def test_batch_held_while_interactive_is_queued_at_the_cap_names_the_cap() -> None:
+    # an interactive job queued is one every engine refused: the engine is saturated,
+    # and the held reason says the same as the turn (issue #11)
     s, _ = make(engine("e", max_inflight=2, batch_max_inflight=2))
     chats = [submit(s, I, 10) for _ in range(3)]
     s.dispatch()
@@ -203,7 +206,8 @@ def test_batch_waits_while_interactive_is_queued_for_the_engine() -> None:
     assert sent(s) == {}  # at the cap; and when a slot frees, the queued chat takes it
     s.on_finished(chats[0].id)
     assert sent(s) == {chats[2].id: "e"}
-    assert doc.held is HeldReason.INTERACTIVE_WAITING
+    assert doc.held is HeldReason.CONCURRENCY_CAP
+    assert (s.engines["e"].turn, s.engines["e"].held_reason) == (Turn.SATURATED, doc.held)
     s.on_first_token(chats[2].id)
     s.on_finished(chats[1].id)
     assert sent(s) == {doc.id: "e"}

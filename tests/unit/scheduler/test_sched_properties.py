@@ -40,6 +40,7 @@ from .helpers import (
     candidates,
     check_accounting,
     check_clock,
+    check_held_jobs,
     check_turns,
     job,
     queued_for,
@@ -267,6 +268,7 @@ class Run:
         assert all(d.budget == before[d.engine][1] for d in list(s.log)[log_from:])
         self.batch_sent += [d.job.id for d in out if d.job.cls is B]
         check_work_conserving(s)
+        check_held_jobs(s)
         return out
 
     def check(self, exact_time: bool) -> None:
@@ -354,12 +356,16 @@ def check_routing(
 
 def check_work_conserving(s: Scheduler) -> None:
     """After a dispatch, interactive jobs wait only where every engine for them is at
-    its cap or down, and batch waits on an engine only for a stated reason."""
+    its cap or down, and batch waits on an engine only for a stated reason (or on a
+    budget that grew after the round's decisions)."""
     for j in s.queues[I]:
         assert all(not e.can_take_interactive() for e in candidates(s, j)), j
     for e in s.engines.values():
+        h = e.budget.history
+        grew_now = len(h) > 1 and h[-1][0] == s.clock.now() and h[-1][1] > h[-2][1]
         if queued_for(s, e, B):
-            assert e.held_reason is not None, e.name
+            # held for a stated reason, or admissible on a budget that grew just now
+            assert e.held_reason is not None or grew_now, e.name
             if e.interactive_in_prefill() and not queued_for(s, e, I):
                 event("batch held for interactive prefill")
 
