@@ -16,6 +16,9 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
   always run when nothing is in prefill. Batch jobs are taken in arrival order per
   engine: a job held on an engine holds later ones there too, so a large prompt is
   never overtaken forever by small ones.
+- **The budget loop judges what batch can cause**: the time from dispatch to first
+  token of chats that shared their engine with batch prefill, and the token gaps of
+  such streams (:mod:`proxy.scheduler.budget`).
 - Each engine's turn and the reason batch is held are recomputed after every
   event, and the time spent in each is accounted.
 """
@@ -164,6 +167,7 @@ class Scheduler:
         job.engine = engine.name
         job.dispatched_at = now
         job.held = None
+        _mark_beside_batch(engine, job)
         engine.inflight[job.id] = job
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
@@ -192,14 +196,16 @@ class Scheduler:
         now = self._begin()
         job.phase = Phase.DECODE
         job.first_token_at = now
-        if job.cls is TrafficClass.INTERACTIVE:
-            self.engines[job.engine].budget.observe_ttft(now, now - job.arrival)
+        if job.beside_batch and job.dispatched_at is not None:
+            # engine-side: the proxy's own queue and the cap are not batch's doing
+            self.engines[job.engine].budget.observe_ttft(now, now - job.dispatched_at)
         self._end(now)
 
     def on_token_gap(self, job_id: str, gap_s: float) -> None:
-        """An interactive stream's gap between two tokens (batch gaps are ignored)."""
+        """An interactive stream's gap between two tokens; only streams that shared
+        their engine with batch prefill feed the budget loop (batch gaps never)."""
         job = self.jobs.get(job_id)
-        if job is None or job.engine is None or job.cls is not TrafficClass.INTERACTIVE:
+        if job is None or job.engine is None or not job.beside_batch:
             return
         self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
 
@@ -282,6 +288,18 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+def _mark_beside_batch(engine: EngineState, job: Job) -> None:
+    """Interactive work that shares ``engine`` with batch prefill is what the budget
+    loop judges: a chat sent while batch is in prefill there, and every chat in flight
+    there when a batch job is sent."""
+    if job.cls is TrafficClass.INTERACTIVE:
+        job.beside_batch = engine.prefill_tokens(TrafficClass.BATCH) > 0
+        return
+    for other in engine.inflight.values():
+        if other.cls is TrafficClass.INTERACTIVE:
+            other.beside_batch = True
 
 
 def _cap_turn(engine: EngineState) -> Turn:

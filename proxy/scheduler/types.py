@@ -75,6 +75,7 @@ class Job:
     excluded: set[str] = field(default_factory=set)
     attempts: int = 0
     held: HeldReason | None = None
+    beside_batch: bool = False  # interactive: shared its engine with batch prefill
 
 
 @dataclass(frozen=True)
