@@ -33,7 +33,7 @@ from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig, EngineConfig
-from proxy.scheduler import Job, Scheduler, SchedulerSettings, TrafficClass
+from proxy.scheduler import HoldRules, Job, Scheduler, SchedulerSettings, TrafficClass
 from proxy.scheduler.budget import percentile
 
 __all__ = [
@@ -257,7 +257,11 @@ def rule_arms(
     variants: list[tuple[str, EngineConfig, SchedulerSettings | None]] = [
         ("proxy, every rule on", base, None),
         ("proxy, AIMD off (budget fixed)", replace(base, budget=fixed_budget(initial)), None),
-        ("proxy, interactive hold off", base, SchedulerSettings(interactive_hold=False)),
+        (
+            "proxy, interactive hold off",
+            base,
+            SchedulerSettings(hold=HoldRules(interactive_hold=False)),
+        ),
         ("proxy, budget ignored", replace(base, budget=fixed_budget(10**9)), None),
     ]
     return [

@@ -19,6 +19,9 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
 - **The budget loop judges what batch can cause**: the time from dispatch to first
   token of chats that shared their engine with batch prefill, and the token gaps of
   such streams (:mod:`proxy.scheduler.budget`).
+- **Batch is never starved**: a chat in prefill longer than the hold timeout
+  stops holding batch, and batch earns credit from the chat prompts sent while it
+  waits, so it keeps a minimum share of each engine's prefill (:class:`HoldRules`).
 - Each engine's turn and the reason batch is held are recomputed after every
   event, and the time spent in each is accounted.
 """
@@ -33,19 +36,18 @@ from dataclasses import dataclass
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
 from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
-    """The scheduler's own knobs. ``interactive_hold`` False switches the rule
-    "batch held while interactive is in prefill" off: only for experiments that
-    show what the rule is worth (the twin's rule arms)."""
+    """The scheduler's own knobs; ``hold`` says how interactive work holds batch
+    (the hold timeout and the starvation bound, :class:`HoldRules`)."""
 
     affinity_slack_tokens: int = 2048
     decision_log_size: int = 1000
-    interactive_hold: bool = True
+    hold: HoldRules = dataclasses.field(default_factory=HoldRules)
 
 
 class UnknownModel(LookupError):
@@ -64,8 +66,7 @@ class Scheduler:
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
-        hold = self.settings.interactive_hold
-        self.engines = {e.name: EngineState(e, now, interactive_hold=hold) for e in engines}
+        self.engines = {e.name: EngineState(e, now, self.settings.hold) for e in engines}
         if len(self.engines) != len(engines):
             raise ValueError("engine names must be unique")
         self.queues: dict[TrafficClass, deque[Job]] = {c: deque() for c in TrafficClass}
@@ -168,6 +169,7 @@ class Scheduler:
         job.dispatched_at = now
         job.held = None
         _mark_beside_batch(engine, job)
+        engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.inflight[job.id] = job
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)

@@ -132,7 +132,7 @@ def check_turns(s: Scheduler) -> None:
         at_cap = len(e.inflight) >= e.settings.max_inflight
         if not e.up or at_cap:
             assert e.turn is Turn.SATURATED
-        elif e.interactive_in_prefill():
+        elif e.holds_for_interactive(head):
             assert e.turn is Turn.INTERACTIVE
             assert e.held_reason is (HeldReason.INTERACTIVE_WAITING if head else None)
         elif head is None:

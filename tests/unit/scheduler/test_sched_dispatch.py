@@ -8,6 +8,7 @@ from proxy.clock import VirtualClock
 from proxy.scheduler import (
     EngineLoad,
     HeldReason,
+    HoldRules,
     Phase,
     Scheduler,
     Turn,
@@ -345,3 +346,52 @@ def test_finished_jobs_leave_and_late_reports_are_ignored() -> None:
     s.on_first_token(chat.id)
     s.on_token_gap(chat.id, 9.0)
     assert chat.phase is Phase.DONE and not s.engines["e"].budget.gaps.values(0.0)
+
+
+def test_a_chat_stuck_in_prefill_stops_holding_batch_after_the_timeout() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(hold_timeout_s=10.0))
+    chat = submit(s, I, 10)
+    s.dispatch()
+    doc = submit(s, B, 10)
+    assert sent(s) == {}
+    assert doc.held is HeldReason.INTERACTIVE_WAITING
+    clock.advance(9.9)
+    assert sent(s) == {}
+    clock.advance(0.1)
+    assert sent(s) == {doc.id: "e"}  # its first token never came: it holds no more
+    assert chat.phase is Phase.PREFILL
+
+
+def sustained_chat(s: Scheduler, clock: VirtualClock, chats: int) -> tuple[int, int]:
+    """Chats of 950 tokens one after another, the next always sent while the last is
+    in prefill, beside a batch job of 1,000-token documents; a document sent takes
+    its first token at once. Returns the prompt tokens sent: chat, batch."""
+    for _ in range(40):
+        submit(s, B, 1000)
+    chat_tokens = batch_tokens = 0
+    prev = submit(s, I, 950)
+    s.dispatch()
+    for _ in range(chats):
+        nxt = submit(s, I, 950)
+        for d in s.dispatch():
+            if d.job.cls is B:
+                batch_tokens += d.job.prompt_tokens
+                s.on_first_token(d.job.id)
+            else:
+                chat_tokens += d.job.prompt_tokens
+        s.on_first_token(prev.id)
+        s.on_finished(prev.id)
+        prev = nxt
+        clock.advance(0.1)
+    return chat_tokens, batch_tokens
+
+
+def test_under_sustained_chat_batch_keeps_its_minimum_share_of_prefill() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(batch_min_share=0.05))
+    chat, batch = sustained_chat(s, clock, 400)
+    assert 0.045 <= batch / (batch + chat) <= 0.055, (chat, batch)
+
+
+def test_without_the_bound_sustained_chat_starves_batch() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(batch_min_share=0.0))
+    assert sustained_chat(s, clock, 400)[1] == 0
