@@ -155,3 +155,12 @@ def test_turn_log_shows_each_budget_move_with_the_numbers_judged() -> None:
     )
     assert (move["ttft_s"], move["ttft_samples"], move["ttft_aim_s"]) == (2.0, 20, 0.24)
     assert datetime.fromisoformat(move["time"]).tzinfo is not None
+
+
+def test_a_prompt_over_the_budget_is_named_as_the_single_request_rule() -> None:
+    s = Scenario()
+    s.submit("big", BATCH, 20_000)  # over the 8,192 budget, alone in prefill: admitted
+    s.submit("next", BATCH, 100)
+    words = sentence(turn_body(s.admission)["engines"][0])
+    assert "20,000 tokens in prefill, over the 8,192 budget: one prompt is always allowed" in words
+    assert "of 8,192 budget tokens" not in words
