@@ -15,6 +15,7 @@ defaults to None here, meaning "not given", and the defaults are applied in one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +25,7 @@ from proxy.cli import Parser
 if TYPE_CHECKING:
     from typing import TypeAlias
 
+    from loadtests.sim import twin
     from loadtests.sim.settings import SimSettings
 
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -121,8 +123,16 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         "chat beside a batch job: direct vs through the proxy's scheduler, virtual time",
     )
     evaluate.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
-    evaluate.add_argument("--chat-rate", type=float, default=2.0, help="chat requests/s")
-    evaluate.add_argument("--batch-concurrency", type=int, default=128, help="documents kept")
+    evaluate.add_argument(
+        "--workload",
+        choices=("large-docs", "small-docs"),
+        default="large-docs",
+        help="large-docs: 8,000-token documents, one fits in a budget; small-docs: "
+        "500-2,000-token documents at 6 chats/s, several fit, and the proxy is also run "
+        "with each of its rules switched off",
+    )
+    evaluate.add_argument("--chat-rate", type=float, help="chat requests/s (default: workload's)")
+    evaluate.add_argument("--batch-concurrency", type=int, help="documents kept (default: 128)")
     evaluate.add_argument("--seed", type=int, default=0, help="workload random seed")
     calibrate = subcommands.add_parser(
         "calibrate", help="measure a real engine over HTTP and fit a simulator profile"
@@ -245,28 +255,43 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
     )
 
 
-def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
-    from loadtests.sim import twin
-
-    workload = twin.MixedWorkload(
-        duration_s=args.duration,
-        chat_rate_per_s=args.chat_rate,
-        batch_concurrency=args.batch_concurrency,
-        seed=args.seed,
-    )
-    print(
+def _workload_line(settings: SimSettings, workload: twin.MixedWorkload) -> str:
+    lo, hi = workload.batch_doc_tokens
+    docs = f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+    return (
         f"Profile `{settings.profile.name}`, virtual time, {workload.duration_s:.0f} s "
         f"(first {workload.warmup_s:.0f} s not counted): Poisson chat at "
         f"{workload.chat_rate_per_s}/s (prompts {workload.chat_prompt_tokens[0]}-"
         f"{workload.chat_prompt_tokens[1]} tokens, answers {workload.chat_answer_tokens[0]}-"
         f"{workload.chat_answer_tokens[1]}) beside a batch job keeping "
-        f"{workload.batch_concurrency} documents of {workload.batch_doc_tokens:,} tokens "
+        f"{workload.batch_concurrency} documents of {docs} tokens "
         f"({workload.batch_answer_tokens} answer tokens) submitted.\n"
     )
-    results = twin.evaluation_arms(
-        workload, settings.scheduler, settings.profile.step, settings.served_model_name
+
+
+def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
+    from loadtests.sim import twin
+
+    small = args.workload == "small-docs"
+    base = twin.SMALL_DOCS if small else twin.MixedWorkload(batch_concurrency=128)
+    workload = dataclasses.replace(
+        base,
+        duration_s=args.duration,
+        chat_rate_per_s=args.chat_rate or base.chat_rate_per_s,
+        batch_concurrency=args.batch_concurrency or base.batch_concurrency,
+        seed=args.seed,
     )
+    print(_workload_line(settings, workload))
+    model, step = settings.served_model_name, settings.profile.step
+    results = twin.evaluation_arms(workload, settings.scheduler, step, model)
     print(twin.evaluation_table(results))
     print()
     print("\n".join(twin.verdict(results, ttft_target_s=0.3)))
+    if small:
+        arms = twin.rule_arms(workload, settings.scheduler, step, model)
+        print("\nThe proxy with each rule switched off (recommended flags):\n")
+        print(twin.evaluation_table([arm for arm, _ in arms]))
+        budget = arms[0][1].engines["engine-0"].budget
+        print("\nBudget history, every rule on (s: tokens): ", end="")
+        print(", ".join(f"{t:.0f}: {b:,}" for t, b in budget.history))
     return 0

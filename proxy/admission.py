@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler
+from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,13 @@ class Admission:
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""
         return turn_report(self._scheduler)
+
+    def budget_changes(self, limit: int) -> list[tuple[str, BudgetChange]]:
+        """The ``limit`` most recent budget moves of all engines, oldest first, each
+        with its engine's name."""
+        moves = [(name, c) for name, e in self._scheduler.engines.items() for c in e.budget.changes]
+        moves.sort(key=lambda m: m[1].time)
+        return moves[-limit:] if limit > 0 else []
 
     def decisions(self, limit: int) -> list[Decision]:
         """The ``limit`` most recent scheduling decisions, oldest first."""

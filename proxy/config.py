@@ -89,7 +89,7 @@ class BudgetConfig:
     percentile: float = 0.95
     window_s: float = 30.0
     interval_s: float = 1.0
-    min_samples: int = 5
+    min_samples: int = 20  # fewer, and the nearest-rank p95 is the maximum: one slow chat
     decrease: float = 0.5
     increase_tokens: int = 512
 

@@ -14,7 +14,7 @@ from loadtests.sim.step_loop import SimEngine, StepResult
 from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.config import EngineConfig
-from proxy.scheduler import EngineLoad, Job, Scheduler, TrafficClass
+from proxy.scheduler import EngineLoad, Job, Scheduler, SchedulerSettings, TrafficClass
 
 INTERACTIVE_PRIORITY = TrafficClass.INTERACTIVE.engine_priority
 BATCH_PRIORITY = TrafficClass.BATCH.engine_priority
@@ -92,13 +92,14 @@ class ProxyFront:
         scrape_interval_s: float,
         keep_scraping: Callable[[float], bool],
         priorities: Mapping[TrafficClass, int] | None = None,
+        scheduler_settings: SchedulerSettings | None = None,
     ) -> None:
         if scrape_interval_s <= 0:
             raise ValueError(f"scrape_interval_s must be positive, got {scrape_interval_s}")
         self.runner = runner
         self.engine = runner.engine
         self.settings = settings
-        self.scheduler = Scheduler([settings], runner.clock)
+        self.scheduler = Scheduler([settings], runner.clock, scheduler_settings)
         self.scrape_interval_s = scrape_interval_s
         self.keep_scraping = keep_scraping
         self.priorities = dict(priorities or {})

@@ -10,7 +10,8 @@ Each call to :meth:`EngineScheduler.schedule` plans one engine step:
    among equals) and goes back to the waiting queue to be recomputed later.
 2. Then, if nothing was preempted, waiting requests in queue order while the budget,
    the sequence cap and the KV cache allow. A prefix-cache hit is taken as already
-   computed. With chunked prefill off, a prompt that does not fit in what is left of
+   computed. With chunked prefill off, a prompt whose first chunk (after the
+   long-prefill threshold, applied first as in vLLM) does not fit in what is left of
    the budget stops admission for this step.
 
 :meth:`update_from_output` applies a finished step: computed tokens advance, a
@@ -230,10 +231,12 @@ class EngineScheduler:
                 break
             request = self.waiting.peek()
             hits, num_cached = self.kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_cached
+            # as vLLM does: the long-prefill threshold first, then, with chunked
+            # prefill off, the (capped) chunk must fit in what is left of the step
+            num_new = self._cap(request.num_tokens - num_cached, budget + 1)
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = self._cap(num_new, budget)
+            num_new = min(num_new, budget)
             if not self.kv.allocate_slots(request, num_new, hits):
                 break
             self.waiting.pop()

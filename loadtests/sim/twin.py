@@ -9,6 +9,12 @@ Workload (issue #3): Poisson chat arrivals with prompts of 200-2,000 tokens and
 answers of 100-300; beside it a batch job of 8,000-token documents that keeps
 ``batch_concurrency`` documents submitted at all times (a closed loop, as a batch
 runner does), so the engine is saturated.
+
+Those documents exceed every budget, so the single-request rule admits one at a
+time whatever the budget loop does (issue #11). :data:`SMALL_DOCS` is the workload
+where the rules bind: 500-2,000-token documents, several of which fit in a budget,
+so the budget, its cuts and the interactive hold each change the figures;
+:func:`rule_arms` runs it with each rule switched off beside the real scheduler.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loadtests.markdown import markdown_table
 from loadtests.sim.drivers import ProxyFront, Recorder, RequestRecord, engine_priority
@@ -26,16 +32,18 @@ from loadtests.sim.step_loop import SimEngine
 from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.clock import VirtualClock
-from proxy.config import EngineConfig
-from proxy.scheduler import Job, Scheduler, TrafficClass
+from proxy.config import BudgetConfig, EngineConfig
+from proxy.scheduler import HoldRules, Job, Scheduler, SchedulerSettings, TrafficClass
 from proxy.scheduler.budget import percentile
 
 __all__ = [
+    "SMALL_DOCS",
     "ArmResult",
     "MixedWorkload",
     "evaluation_arms",
     "evaluation_table",
     "recommended_engine_flags",
+    "rule_arms",
     "run_direct",
     "run_proxy",
     "verdict",
@@ -49,10 +57,15 @@ class MixedWorkload:
     chat_rate_per_s: float = 2.0
     chat_prompt_tokens: tuple[int, int] = (200, 2000)
     chat_answer_tokens: tuple[int, int] = (100, 300)
-    batch_doc_tokens: int = 8000
+    batch_doc_tokens: tuple[int, int] = (8000, 8000)
     batch_answer_tokens: int = 200
     batch_concurrency: int = 32
     seed: int = 0
+
+
+SMALL_DOCS = MixedWorkload(chat_rate_per_s=6.0, batch_doc_tokens=(500, 2000), batch_concurrency=128)
+"""Batch documents smaller than the budget, several at once in prefill, beside
+chat busy enough that two chats often arrive within one prefill."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ Submit = Callable[[float, str, TrafficClass, list[int], int], None]
 def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: Recorder, submit: Submit) -> None:
     """Schedule the chat arrivals and the batch job's closed loop."""
     rng = random.Random(workload.seed)
+    doc_rng = random.Random(workload.seed + 1)  # sizes apart: the chat stream stays the same
     ids = iter(range(10**9))
 
     def tokens(n: int) -> list[int]:
@@ -115,7 +129,8 @@ def _drive(workload: MixedWorkload, runner: VirtualRunner, rec: Recorder, submit
 
     def next_doc(t: float) -> None:
         if t < workload.duration_s:
-            send(t, TrafficClass.BATCH, workload.batch_doc_tokens, workload.batch_answer_tokens)
+            size = doc_rng.randint(*workload.batch_doc_tokens)
+            send(t, TrafficClass.BATCH, size, workload.batch_answer_tokens)
 
     def on_finished(record: RequestRecord, t: float) -> None:
         if record.cls is TrafficClass.BATCH:
@@ -167,6 +182,7 @@ def run_proxy(
     cost: StepCost,
     engine_settings: EngineConfig,
     scrape_interval_s: float = 1.0,
+    scheduler_settings: SchedulerSettings | None = None,
 ) -> tuple[ArmResult, Scheduler]:
     """The same workload through the proxy's scheduler in front of one engine
     (requests enter the engine with priority 0 under either policy); the engine's
@@ -180,6 +196,7 @@ def run_proxy(
         engine_settings,
         scrape_interval_s=scrape_interval_s,
         keep_scraping=lambda t: t < workload.duration_s,
+        scheduler_settings=scheduler_settings,
     )
     model = next(iter(engine_settings.models))
 
@@ -219,6 +236,37 @@ def evaluation_arms(
         ),
         run_direct("(b) direct, engine priority (chat -10)", workload, prio, cost),
         proxied,
+    ]
+
+
+def fixed_budget(tokens: int) -> BudgetConfig:
+    """A budget the loop cannot move: ``tokens`` is its floor, start and ceiling."""
+    return BudgetConfig(min_tokens=tokens, initial_tokens=tokens, max_tokens=tokens)
+
+
+def rule_arms(
+    workload: MixedWorkload, config: SchedulerConfig, cost: StepCost, model: str
+) -> list[tuple[ArmResult, Scheduler]]:
+    """The proxy arm with each of its rules switched off in turn, beside the real
+    scheduler (all on the recommended engine flags): the budget loop off (AIMD
+    never moves the initial budget), the interactive hold off, and the budget
+    ignored (no prompt ever held for it)."""
+    tuned = recommended_engine_flags(config)
+    base = EngineConfig(name="engine-0", models=frozenset({model}))
+    initial = base.budget.initial_tokens
+    variants: list[tuple[str, EngineConfig, SchedulerSettings | None]] = [
+        ("proxy, every rule on", base, None),
+        ("proxy, AIMD off (budget fixed)", replace(base, budget=fixed_budget(initial)), None),
+        (
+            "proxy, interactive hold off",
+            base,
+            SchedulerSettings(hold=HoldRules(interactive_hold=False)),
+        ),
+        ("proxy, budget ignored", replace(base, budget=fixed_budget(10**9)), None),
+    ]
+    return [
+        run_proxy(name, workload, tuned, cost, engine, scheduler_settings=extra)
+        for name, engine, extra in variants
     ]
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
+from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import sentence
 
 
@@ -25,11 +27,35 @@ def turn_body(admission: Admission) -> dict[str, Any]:
     return {"time": time.time(), "engines": admission.report()}
 
 
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def budget_change_body(engine: str, c: BudgetChange, offset: float) -> dict[str, Any]:
+    """One move of an engine's budget with the numbers judged (time in ISO 8601)."""
+    return {
+        "time": _iso(c.time + offset),
+        "engine": engine,
+        "before": c.before,
+        "after": c.after,
+        "cause": c.cause,
+        "ttft_s": c.ttft_s,
+        "ttft_samples": c.ttft_samples,
+        "ttft_aim_s": c.ttft_aim_s,
+        "gap_s": c.gap_s,
+        "gap_samples": c.gap_samples,
+        "gap_aim_s": c.gap_aim_s,
+    }
+
+
 def log_body(admission: Admission, limit: int) -> dict[str, Any]:
-    """The most recent decisions, oldest first, with wall-clock times."""
+    """The most recent decisions, oldest first, with wall-clock times; and the most
+    recent moves of the budgets (``budget``), each with the numbers it judged."""
     offset = time.time() - admission.now()
     decisions = admission.decisions(limit)
+    moves = admission.budget_changes(limit)
     return {
+        "budget": [budget_change_body(name, c, offset) for name, c in moves],
         "decisions": [
             {
                 "time": d.time + offset,
@@ -41,7 +67,7 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
                 "budget": d.budget,
             }
             for d in decisions
-        ]
+        ],
     }
 
 

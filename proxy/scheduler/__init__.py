@@ -8,7 +8,7 @@ The scheduler takes the engines' settings as the config loader makes them
 from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.core import Scheduler, SchedulerSettings, UnknownModel
-from proxy.scheduler.state import EngineLoad, EngineState
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
 from proxy.scheduler.types import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
@@ -36,6 +36,7 @@ __all__ = [
     "EngineSettings",
     "EngineState",
     "HeldReason",
+    "HoldRules",
     "Job",
     "Phase",
     "Scheduler",

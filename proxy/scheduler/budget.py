@@ -10,8 +10,15 @@ streams stall. Once per ``interval`` it compares a high
 percentile of each against ``aim`` x its target, aiming below the target so that
 headroom absorbs a prompt twice as long as usual:
 
-- either above its aim: the budget is cut multiplicatively (``decrease``);
-- both below and batch work waiting: the budget grows additively (``increase``).
+- either above its aim, judged on at least ``min_samples`` samples: the budget is
+  cut multiplicatively (``decrease``);
+- otherwise (both below their aims, or too few samples to judge) and batch work
+  waiting: the budget grows additively (``increase``).
+
+What is judged is the part of interactive latency that batch can cause (the
+scheduler feeds only those samples): the time from dispatch to first token of
+chats that shared the engine with batch prefill, and the gaps of such streams.
+Each change is kept in :attr:`BudgetController.changes` with the numbers judged.
 
 After a cut, only samples observed since the cut are judged, so one bad burst
 costs one cut, not one per interval until the burst leaves the window. Several
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from proxy.config import BudgetConfig
 
@@ -78,6 +86,25 @@ class SlidingWindow:
         return [v for t, n, v in self._samples if n > after and t >= now - self.span]
 
 
+@dataclass(frozen=True)
+class BudgetChange:
+    """One move of the budget: when, from and to, and what was judged: each
+    signal's percentile (None: fewer than ``min_samples``), its sample count and
+    its aim (``aim`` x target). ``cause`` is ``ttft`` or ``gap`` (the signal over
+    its aim) for a cut, ``headroom`` for growth."""
+
+    time: float
+    before: int
+    after: int
+    cause: str
+    ttft_s: float | None
+    ttft_samples: int
+    ttft_aim_s: float
+    gap_s: float | None
+    gap_samples: int
+    gap_aim_s: float
+
+
 class BudgetController:
     """The budget ``B`` of one engine: prompt tokens that may be in prefill at once."""
 
@@ -89,6 +116,7 @@ class BudgetController:
         self._last_update = now
         self._cut_marks = (0, 0)  # samples of each signal already judged by a cut
         self.history: deque[tuple[float, int]] = deque([(now, self.tokens)], maxlen=600)
+        self.changes: deque[BudgetChange] = deque(maxlen=200)
 
     def observe_ttft(self, now: float, seconds: float) -> None:
         self.ttft.add(now, seconds)
@@ -107,6 +135,11 @@ class BudgetController:
         p_gap = time_weighted_percentile(gaps, s.percentile) if enough else None
         return p_ttft, p_gap
 
+    def samples(self, now: float) -> tuple[int, int]:
+        """How many TTFT and gap samples the next judgement would see (a read)."""
+        ttft = self.ttft.values(now, self._cut_marks[0])
+        return len(ttft), len(self.gaps.values(now, self._cut_marks[1]))
+
     def update(self, now: float, batch_waiting: bool) -> int:
         """Run the loop if an interval has passed; returns the budget."""
         s = self.settings
@@ -114,15 +147,21 @@ class BudgetController:
             return self.tokens
         self._last_update = now
         p_ttft, p_gap = self.signal(now)
-        over = (p_ttft is not None and p_ttft > s.aim * s.ttft_target_s) or (
-            p_gap is not None and p_gap > s.aim * s.gap_target_s
-        )
-        before = self.tokens
-        if over:
+        ttft_over = p_ttft is not None and p_ttft > s.aim * s.ttft_target_s
+        gap_over = p_gap is not None and p_gap > s.aim * s.gap_target_s
+        before, counts = self.tokens, self.samples(now)
+        if ttft_over or gap_over:
             self.tokens = max(s.min_tokens, int(self.tokens * s.decrease))
             self._cut_marks = (self.ttft.added, self.gaps.added)
         elif batch_waiting:
             self.tokens = min(s.max_tokens, self.tokens + s.increase_tokens)
         if self.tokens != before:
             self.history.append((now, self.tokens))
+            cause = "ttft" if ttft_over else "gap" if gap_over else "headroom"
+            self.changes.append(
+                BudgetChange(
+                    now, before, self.tokens, cause, p_ttft, counts[0],
+                    s.aim * s.ttft_target_s, p_gap, counts[1], s.aim * s.gap_target_s,
+                )
+            )  # fmt: skip
         return self.tokens

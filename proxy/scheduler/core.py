@@ -10,12 +10,18 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
   least predicted wait for a first token (or its conversation's engine, if close),
   unless every engine for its model is at its hard concurrency cap or down.
 - **Batch within the budget.** A batch job is dispatched to an engine only if no
-  interactive job is queued for that engine or in prefill on it, the engine has
+  interactive job is in prefill on it, the engine has
   concurrency and KV headroom, and the prompt tokens in prefill there (all
   classes) plus its own stay within the engine's budget ``B``; one batch job may
   always run when nothing is in prefill. Batch jobs are taken in arrival order per
   engine: a job held on an engine holds later ones there too, so a large prompt is
   never overtaken forever by small ones.
+- **The budget loop judges what batch can cause**: the time from dispatch to first
+  token of chats that shared their engine with batch prefill, and the token gaps of
+  such streams (:mod:`proxy.scheduler.budget`).
+- **Batch is never starved**: a chat in prefill longer than the hold timeout
+  stops holding batch, and batch earns credit from the chat prompts sent while it
+  waits, so it keeps a minimum share of each engine's prefill (:class:`HoldRules`).
 - Each engine's turn and the reason batch is held are recomputed after every
   event, and the time spent in each is accounted.
 """
@@ -24,20 +30,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
 from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
+    """The scheduler's own knobs; ``hold`` says how interactive work holds batch
+    (the hold timeout and the starvation bound, :class:`HoldRules`)."""
+
     affinity_slack_tokens: int = 2048
     decision_log_size: int = 1000
+    hold: HoldRules = dataclasses.field(default_factory=HoldRules)
 
 
 class UnknownModel(LookupError):
@@ -56,7 +66,7 @@ class Scheduler:
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
-        self.engines = {e.name: EngineState(e, now) for e in engines}
+        self.engines = {e.name: EngineState(e, now, self.settings.hold) for e in engines}
         if len(self.engines) != len(engines):
             raise ValueError("engine names must be unique")
         self.queues: dict[TrafficClass, deque[Job]] = {c: deque() for c in TrafficClass}
@@ -137,18 +147,14 @@ class Scheduler:
             out.append(self._send(now, job, engine))
         return out
 
-    def _interactive_queued_for(self, engine: EngineState) -> bool:
-        return any(engine.eligible(j) for j in self.queues[TrafficClass.INTERACTIVE])
-
     def _dispatch_batch(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
         blocked: set[str] = set()
-        pressure = {e.name: self._interactive_queued_for(e) for e in self.engines.values()}
         for job in list(self.queues[TrafficClass.BATCH]):
             candidates = [e for e in self._candidates(job) if e.name not in blocked]
             if not candidates:
                 continue
-            refusals = {e.name: e.batch_refusal(job, pressure[e.name]) for e in candidates}
+            refusals = {e.name: e.batch_refusal(job) for e in candidates}
             open_ = [e for e in candidates if refusals[e.name] is None]
             if open_:
                 engine = min(open_, key=lambda e: (e.prefill_tokens(), len(e.inflight), e.name))
@@ -166,6 +172,8 @@ class Scheduler:
         job.engine = engine.name
         job.dispatched_at = now
         job.held = None
+        _mark_beside_batch(engine, job)
+        engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.inflight[job.id] = job
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
@@ -194,14 +202,16 @@ class Scheduler:
         now = self._begin()
         job.phase = Phase.DECODE
         job.first_token_at = now
-        if job.cls is TrafficClass.INTERACTIVE:
-            self.engines[job.engine].budget.observe_ttft(now, now - job.arrival)
+        if job.beside_batch and job.dispatched_at is not None:
+            # engine-side: the proxy's own queue and the cap are not batch's doing
+            self.engines[job.engine].budget.observe_ttft(now, now - job.dispatched_at)
         self._end(now)
 
     def on_token_gap(self, job_id: str, gap_s: float) -> None:
-        """An interactive stream's gap between two tokens (batch gaps are ignored)."""
+        """An interactive stream's gap between two tokens; only streams that shared
+        their engine with batch prefill feed the budget loop (batch gaps never)."""
         job = self.jobs.get(job_id)
-        if job is None or job.engine is None or job.cls is not TrafficClass.INTERACTIVE:
+        if job is None or job.engine is None or not job.beside_batch:
             return
         self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
 
@@ -262,28 +272,52 @@ class Scheduler:
 
     def _end(self, now: float) -> None:
         for engine in self.engines.values():
-            turn, reason = self._turn_of(engine)
-            engine.set_turn(now, turn, reason)
+            _, reason = self._turn_of(engine)
             engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
+            # on the budget as it now stands: one that just grew may admit the held
+            # job at the next dispatch, and the turn says so already
+            engine.set_turn(now, *self._turn_of(engine))
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
         return next((j for j in self.queues[TrafficClass.BATCH] if engine.eligible(j)), None)
 
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
+        """The engine's turn, and why its first batch job is held: exactly what
+        :meth:`EngineState.batch_refusal` says of that job (an interactive job still
+        queued is one every engine of its model refused: they are saturated)."""
         head = self._head_batch_job(engine)
-        if not engine.up:
-            return Turn.SATURATED, HeldReason.ENGINE_UNHEALTHY if head else None
-        pressure = self._interactive_queued_for(engine)
-        at_cap = len(engine.inflight) >= engine.settings.max_inflight
-        if at_cap:
-            return Turn.SATURATED, HeldReason.CONCURRENCY_CAP if head else None
-        if pressure or engine.interactive_in_prefill():
-            return Turn.INTERACTIVE, HeldReason.INTERACTIVE_WAITING if head else None
         if head is not None:
-            reason = engine.batch_refusal(head, False)
-            if reason is HeldReason.KV_HEADROOM:
-                return Turn.SATURATED, reason
-            return Turn.BATCH, reason
-        if engine.count(TrafficClass.BATCH):
-            return Turn.BATCH, None
-        return Turn.IDLE, None
+            reason = engine.batch_refusal(head)
+            return _TURN_OF_REASON[reason](engine), reason
+        if not engine.up or engine.at_cap():
+            return Turn.SATURATED, None
+        if engine.holds_for_interactive():
+            return Turn.INTERACTIVE, None
+        return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+def _mark_beside_batch(engine: EngineState, job: Job) -> None:
+    """Interactive work that shares ``engine`` with batch prefill is what the budget
+    loop judges: a chat sent while batch is in prefill there, and every chat in flight
+    there when a batch job is sent."""
+    if job.cls is TrafficClass.INTERACTIVE:
+        job.beside_batch = engine.prefill_tokens(TrafficClass.BATCH) > 0
+        return
+    for other in engine.inflight.values():
+        if other.cls is TrafficClass.INTERACTIVE:
+            other.beside_batch = True
+
+
+def _cap_turn(engine: EngineState) -> Turn:
+    """Batch at a cap: the engine's own cap saturates it; batch's own cap does not."""
+    return Turn.SATURATED if engine.at_cap() else Turn.BATCH
+
+
+_TURN_OF_REASON: dict[HeldReason | None, Callable[[EngineState], Turn]] = {
+    None: lambda _: Turn.BATCH,
+    HeldReason.ENGINE_UNHEALTHY: lambda _: Turn.SATURATED,
+    HeldReason.CONCURRENCY_CAP: _cap_turn,
+    HeldReason.INTERACTIVE_WAITING: lambda _: Turn.INTERACTIVE,
+    HeldReason.KV_HEADROOM: lambda _: Turn.SATURATED,
+    HeldReason.PREFILL_BUDGET: lambda _: Turn.BATCH,
+}

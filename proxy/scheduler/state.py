@@ -24,9 +24,32 @@ class EngineLoad:
     running: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class HoldRules:
+    """How interactive work holds batch on an engine.
+
+    - ``interactive_hold``: batch is held while interactive work is in prefill
+      (False only for experiments that show what the rule is worth);
+    - ``hold_timeout_s``: a chat in prefill longer than this stops holding batch (its
+      first token may never come);
+    - ``batch_min_share``: the starvation bound. Each interactive prompt sent to
+      the engine while batch waits for it earns batch ``share / (1 - share)`` of its
+      tokens in credit; once the credit covers the first batch prompt, that prompt
+      runs beside interactive prefill (the budget then counts batch tokens only),
+      and spends its tokens. So under sustained chat batch still gets about
+      ``batch_min_share`` of the engine's prefill tokens.
+    """
+
+    interactive_hold: bool = True
+    hold_timeout_s: float = 10.0
+    batch_min_share: float = 0.05
+
+
 class EngineState:
-    def __init__(self, settings: EngineConfig, now: float) -> None:
+    def __init__(self, settings: EngineConfig, now: float, rules: HoldRules | None = None) -> None:
         self.settings = settings
+        self.rules = rules or HoldRules()
+        self.batch_credit = 0.0  # prompt tokens batch may run beside chat (HoldRules)
         self.name = settings.name
         self.up = True
         self.load = EngineLoad()
@@ -75,26 +98,63 @@ class EngineState:
     # -- admission -------------------------------------------------------------
 
     def can_take_interactive(self) -> bool:
-        return self.up and len(self.inflight) < self.settings.max_inflight
+        return self.up and not self.at_cap()
 
-    def batch_refusal(self, job: Job, interactive_queued: bool) -> HeldReason | None:
-        """Why ``job`` (batch) may not be dispatched here now; None if it may.
+    def at_cap(self) -> bool:
+        return len(self.inflight) >= self.settings.max_inflight
+
+    def record_dispatch(self, job: Job, batch_waiting: bool) -> None:
+        """Keep the starvation bound's account: each interactive prompt sent while
+        batch waits for this engine earns batch ``share / (1 - share)`` of its tokens
+        in credit; a batch prompt sent spends its own."""
+        share = self.rules.batch_min_share
+        if job.cls is TrafficClass.BATCH:
+            self.batch_credit = max(0.0, self.batch_credit - job.prompt_tokens)
+        elif batch_waiting and share > 0:
+            self.batch_credit += job.prompt_tokens * share / (1 - share)
+
+    def batch_starved(self, job: Job) -> bool:
+        """Whether batch has earned ``job``'s prompt in credit: it may run beside
+        interactive prefill."""
+        return self.rules.batch_min_share > 0 and self.batch_credit >= job.prompt_tokens
+
+    def holds_for_interactive(self, head: Job | None = None) -> bool:
+        """Whether interactive work in prefill here holds batch (its first job
+        ``head``): a chat dispatched within the hold timeout is in prefill, and batch
+        has not earned ``head`` in credit."""
+        r, now = self.rules, self._accounted_at
+        holding = any(
+            j.cls is TrafficClass.INTERACTIVE
+            and j.phase is Phase.PREFILL
+            and now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
+            for j in self.inflight.values()
+        )
+        starved = head is not None and self.batch_starved(head)
+        return r.interactive_hold and holding and not starved
+
+    def batch_refusal(self, job: Job) -> HeldReason | None:
+        """Why ``job`` (batch) may not be dispatched here now; None if it may. The
+        checks run in the order the turn names them (:meth:`Scheduler._turn_of`), so
+        the held reason and the turn always agree.
 
         The single-request rule: a job larger than the budget still runs when
-        nothing else is in prefill, so no prompt is starved by its size.
+        nothing else is in prefill, so no prompt is starved by its size. A starved
+        batch (:class:`HoldRules`) runs one prompt at a time beside interactive
+        prefill.
         """
         s = self.settings
         if not self.up:
             return HeldReason.ENGINE_UNHEALTHY
-        if interactive_queued or self.interactive_in_prefill():
+        if self.at_cap():
+            return HeldReason.CONCURRENCY_CAP
+        if self.holds_for_interactive(job):
             return HeldReason.INTERACTIVE_WAITING
-        if len(self.inflight) >= s.max_inflight or self.count(TrafficClass.BATCH) >= (
-            s.batch_max_inflight
-        ):
+        if self.count(TrafficClass.BATCH) >= s.batch_max_inflight:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM
-        in_prefill = self.prefill_tokens()
+        counted = TrafficClass.BATCH if self.batch_starved(job) else None
+        in_prefill = self.prefill_tokens(counted)
         if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:
             return HeldReason.PREFILL_BUDGET
         return None

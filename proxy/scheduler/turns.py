@@ -98,7 +98,11 @@ def _plural(n: int, word: str) -> str:
 def _batch_clause(r: Json) -> str:
     queued = r["queued"]["batch"]
     prefill = r["prefill_tokens"]["interactive"] + r["prefill_tokens"]["batch"]
-    budget = f"{prefill:,} of {r['budget']['tokens']:,} budget tokens in prefill"
+    limit = r["budget"]["tokens"]
+    budget = f"{prefill:,} of {limit:,} budget tokens in prefill"
+    if prefill > limit:  # the single-request rule, not a broken budget
+        budget = f"{prefill:,} tokens in prefill, over the {limit:,} budget: "
+        budget += "one prompt is always allowed"
     reason = r["held_reason"]
     if reason is None:
         if queued or r["prefill_tokens"]["batch"] or r["decode_streams"]["batch"]:

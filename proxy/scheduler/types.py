@@ -23,8 +23,7 @@ class TrafficClass(enum.StrEnum):
 class Turn(enum.StrEnum):
     """Whose turn an engine is on.
 
-    - ``interactive``: interactive work is queued for the engine or in prefill on
-      it; batch is held.
+    - ``interactive``: interactive work is in prefill on the engine; batch is held.
     - ``batch``: no interactive pressure; batch is admitted within the budget.
     - ``saturated``: the engine has no headroom for anyone (or is down).
     - ``idle``: nothing is waiting for the engine.
@@ -76,6 +75,7 @@ class Job:
     excluded: set[str] = field(default_factory=set)
     attempts: int = 0
     held: HeldReason | None = None
+    beside_batch: bool = False  # interactive: shared its engine with batch prefill
 
 
 @dataclass(frozen=True)

@@ -122,26 +122,38 @@ _VALID_REASONS: dict[Turn, set[HeldReason | None]] = {
 
 
 def check_turns(s: Scheduler) -> None:
-    """Each engine's turn and held reason agree with its state (core.py, types.py)."""
+    """Each engine's turn and held reason agree with its state (core.py, types.py):
+    the held reason is exactly why its first batch job would be refused now, and the
+    turn names the same rule."""
     for e in s.engines.values():
-        batch_queued = bool(queued_for(s, e, B))
+        head = next((j for j in s.queues[B] if e.eligible(j)), None)
         assert e.held_reason in _VALID_REASONS[e.turn], (e.name, e.turn, e.held_reason)
-        if e.held_reason is not None:
-            assert batch_queued, f"{e.name}: batch held ({e.held_reason}) but none queued"
+        assert e.held_reason is (None if head is None else e.batch_refusal(head))
         at_cap = len(e.inflight) >= e.settings.max_inflight
-        pressure = bool(queued_for(s, e, I)) or e.interactive_in_prefill()
-        if not e.up:
+        if not e.up or at_cap:
             assert e.turn is Turn.SATURATED
-            assert e.held_reason is (HeldReason.ENGINE_UNHEALTHY if batch_queued else None)
-        elif at_cap:
-            assert e.turn is Turn.SATURATED
-            assert e.held_reason is (HeldReason.CONCURRENCY_CAP if batch_queued else None)
-        elif pressure:
+        elif e.holds_for_interactive(head):
             assert e.turn is Turn.INTERACTIVE
-            assert e.held_reason is (HeldReason.INTERACTIVE_WAITING if batch_queued else None)
-        elif not batch_queued:
+            assert e.held_reason is (HeldReason.INTERACTIVE_WAITING if head else None)
+        elif head is None:
             expected = Turn.BATCH if e.count(B) else Turn.IDLE
             assert e.turn is expected, (e.name, e.turn)
+        else:
+            saturated = e.held_reason is HeldReason.KV_HEADROOM
+            assert e.turn is (Turn.SATURATED if saturated else Turn.BATCH), (e.name, e.turn)
+        if not e.up:
+            assert e.held_reason is (HeldReason.ENGINE_UNHEALTHY if head else None)
+        elif at_cap:
+            assert e.held_reason is (HeldReason.CONCURRENCY_CAP if head else None)
+
+
+def check_held_jobs(s: Scheduler) -> None:
+    """Right after a dispatch, the first batch job still queued carries the reason its
+    first engine's turn names (the decision log and the turn agree)."""
+    head = next(iter(s.queues[B]), None)
+    engines = [e for e in s.engines.values() if head is not None and e.eligible(head)]
+    if head is not None and engines:
+        assert head.held is engines[0].held_reason, (head, engines[0].held_reason)
 
 
 def check_clock(s: Scheduler, start: float, exact: bool) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import BudgetConfig
-from proxy.scheduler import BudgetController, EngineLoad
+from proxy.scheduler import BudgetController, EngineLoad, Job, Scheduler
 from proxy.scheduler.budget import percentile, time_weighted_percentile
 
 from .helpers import B, I, engine, make, submit
@@ -149,13 +149,82 @@ def test_samples_seen_at_the_instant_of_a_cut_are_judged_once() -> None:
     assert c.update(3.0, batch_waiting=False) == 2000
 
 
+def batch_in_prefill(s: Scheduler) -> Job:
+    """A batch document dispatched and still in prefill: chats sent now share the
+    engine with batch prefill, so the budget loop judges them."""
+    doc = submit(s, B, 100)
+    assert [d.job for d in s.dispatch()] == [doc]
+    return doc
+
+
 def test_through_the_scheduler_the_sample_that_triggers_a_cut_is_not_judged_again() -> None:
     s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+    batch_in_prefill(s)
     chats = [submit(s, I, 100) for _ in range(2)]
     s.dispatch()
     clock.advance(2.0)
-    s.on_first_token(chats[0].id)  # TTFT 2 s > 0.8 s: cut at once
+    s.on_first_token(chats[0].id)  # 2 s from dispatch > 0.8 s: cut at once
     assert s.engines["e"].budget.tokens == 4000
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 4000
+
+
+def test_the_cut_is_logged_with_the_numbers_judged() -> None:
+    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+    batch_in_prefill(s)
+    chat = submit(s, I, 100)
+    s.dispatch()
+    clock.advance(2.0)
+    s.on_first_token(chat.id)
+    (change,) = s.engines["e"].budget.changes
+    assert (change.time, change.before, change.after, change.cause) == (2.0, 8000, 4000, "ttft")
+    assert (change.ttft_s, change.ttft_samples, change.ttft_aim_s) == (2.0, 1, 0.8)
+    assert (change.gap_s, change.gap_samples) == (None, 0)
+
+
+def test_chats_that_never_shared_the_engine_with_batch_prefill_are_not_judged() -> None:
+    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+    chat = submit(s, I, 100)  # no batch anywhere: its slow start is not batch's doing
+    s.dispatch()
+    clock.advance(2.0)
+    s.on_first_token(chat.id)
+    s.on_token_gap(chat.id, 5.0)
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 8000
+
+
+def test_ttft_is_judged_from_dispatch_not_from_arrival() -> None:
+    budget = {**SETTINGS.__dict__, "min_samples": 1}
+    s, clock = make(engine("e", max_inflight=2, budget=budget))
+    batch_in_prefill(s)
+    first = submit(s, I, 10)
+    s.dispatch()
+    late = submit(s, I, 10)  # waits at the proxy's cap for 5 s
+    clock.advance(5.0)
+    s.on_first_token(first.id)  # 5 s: cut
+    assert s.engines["e"].budget.tokens == 4000
+    s.on_finished(first.id)
+    s.dispatch()
+    assert late.dispatched_at == 5.0 and late.beside_batch
+    clock.advance(0.1)
+    s.on_first_token(late.id)  # 5.1 s from arrival, 0.1 s from dispatch
+    clock.advance(1.0)
+    s.tick()
+    assert s.engines["e"].budget.tokens == 4000
+
+
+def test_a_chat_in_flight_when_batch_is_sent_counts() -> None:
+    budget = {**SETTINGS.__dict__, "min_samples": 1}
+    s, clock = make(engine("e", budget=budget))
+    chat = submit(s, I, 10)
+    s.dispatch()
+    s.on_first_token(chat.id)
+    assert not chat.beside_batch
+    batch_in_prefill(s)
+    assert chat.beside_batch
+    s.on_token_gap(chat.id, 5.0)
     clock.advance(1.0)
     s.tick()
     assert s.engines["e"].budget.tokens == 4000
@@ -267,11 +336,14 @@ def test_settings_are_checked() -> None:
 def test_slow_first_tokens_cut_the_engines_budget_and_only_that_engines() -> None:
     budget = {**SETTINGS.__dict__, "min_samples": 2}
     s, clock = make(engine("a", budget=budget), engine("b", budget=budget))
-    chats = [submit(s, I, 100, affinity="x") for _ in range(3)]
-    assert {d.engine for d in s.dispatch()} == {"a"}  # one conversation
+    s.set_engine_up("b", False)  # everything below goes to a
+    batch_in_prefill(s)  # a's batch prefill, shared with the chats below
+    chats = [submit(s, I, 100) for _ in range(3)]
+    assert {d.engine for d in s.dispatch()} == {"a"}
+    s.set_engine_up("b", True)
     clock.advance(0.5)
     s.on_first_token(chats[0].id)
-    clock.advance(0.5)  # an interval passes; TTFTs of 0.5 and 1.0 s: p95 1.0 > 0.8
+    clock.advance(0.5)  # an interval passes; 0.5 and 1.0 s from dispatch: p95 1.0 > 0.8
     s.on_first_token(chats[1].id)
     assert s.engines["a"].budget.tokens == 4000
     assert s.engines["b"].budget.tokens == 8000
@@ -287,6 +359,7 @@ def test_batch_gaps_do_not_count_and_interactive_gaps_do() -> None:
     clock.advance(1.0)
     s.tick()
     assert s.engines["e"].budget.tokens == 8000
+    batch_in_prefill(s)
     chat = submit(s, I, 10)
     s.dispatch()
     s.on_first_token(chat.id)

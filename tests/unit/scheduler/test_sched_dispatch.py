@@ -8,8 +8,10 @@ from proxy.clock import VirtualClock
 from proxy.scheduler import (
     EngineLoad,
     HeldReason,
+    HoldRules,
     Phase,
     Scheduler,
+    Turn,
     UnknownModel,
 )
 from proxy.scheduler.routing import AffinityMap
@@ -193,7 +195,9 @@ def test_batch_goes_to_the_engine_with_the_least_prefill() -> None:
     assert sent(s) == {docs[0].id: "a", docs[1].id: "b", docs[2].id: "a", docs[3].id: "b"}
 
 
-def test_batch_waits_while_interactive_is_queued_for_the_engine() -> None:
+def test_batch_held_while_interactive_is_queued_at_the_cap_names_the_cap() -> None:
+    # an interactive job queued is one every engine refused: the engine is saturated,
+    # and the held reason says the same as the turn (issue #11)
     s, _ = make(engine("e", max_inflight=2, batch_max_inflight=2))
     chats = [submit(s, I, 10) for _ in range(3)]
     s.dispatch()
@@ -203,7 +207,8 @@ def test_batch_waits_while_interactive_is_queued_for_the_engine() -> None:
     assert sent(s) == {}  # at the cap; and when a slot frees, the queued chat takes it
     s.on_finished(chats[0].id)
     assert sent(s) == {chats[2].id: "e"}
-    assert doc.held is HeldReason.INTERACTIVE_WAITING
+    assert doc.held is HeldReason.CONCURRENCY_CAP
+    assert (s.engines["e"].turn, s.engines["e"].held_reason) == (Turn.SATURATED, doc.held)
     s.on_first_token(chats[2].id)
     s.on_finished(chats[1].id)
     assert sent(s) == {doc.id: "e"}
@@ -341,3 +346,52 @@ def test_finished_jobs_leave_and_late_reports_are_ignored() -> None:
     s.on_first_token(chat.id)
     s.on_token_gap(chat.id, 9.0)
     assert chat.phase is Phase.DONE and not s.engines["e"].budget.gaps.values(0.0)
+
+
+def test_a_chat_stuck_in_prefill_stops_holding_batch_after_the_timeout() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(hold_timeout_s=10.0))
+    chat = submit(s, I, 10)
+    s.dispatch()
+    doc = submit(s, B, 10)
+    assert sent(s) == {}
+    assert doc.held is HeldReason.INTERACTIVE_WAITING
+    clock.advance(9.9)
+    assert sent(s) == {}
+    clock.advance(0.1)
+    assert sent(s) == {doc.id: "e"}  # its first token never came: it holds no more
+    assert chat.phase is Phase.PREFILL
+
+
+def sustained_chat(s: Scheduler, clock: VirtualClock, chats: int) -> tuple[int, int]:
+    """Chats of 950 tokens one after another, the next always sent while the last is
+    in prefill, beside a batch job of 1,000-token documents; a document sent takes
+    its first token at once. Returns the prompt tokens sent: chat, batch."""
+    for _ in range(40):
+        submit(s, B, 1000)
+    chat_tokens = batch_tokens = 0
+    prev = submit(s, I, 950)
+    s.dispatch()
+    for _ in range(chats):
+        nxt = submit(s, I, 950)
+        for d in s.dispatch():
+            if d.job.cls is B:
+                batch_tokens += d.job.prompt_tokens
+                s.on_first_token(d.job.id)
+            else:
+                chat_tokens += d.job.prompt_tokens
+        s.on_first_token(prev.id)
+        s.on_finished(prev.id)
+        prev = nxt
+        clock.advance(0.1)
+    return chat_tokens, batch_tokens
+
+
+def test_under_sustained_chat_batch_keeps_its_minimum_share_of_prefill() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(batch_min_share=0.05))
+    chat, batch = sustained_chat(s, clock, 400)
+    assert 0.045 <= batch / (batch + chat) <= 0.055, (chat, batch)
+
+
+def test_without_the_bound_sustained_chat_starves_batch() -> None:
+    s, clock = make(engine("e"), hold=HoldRules(batch_min_share=0.0))
+    assert sustained_chat(s, clock, 400)[1] == 0

@@ -21,10 +21,9 @@ def test_a_fresh_engine_is_idle() -> None:
     assert turn(s) == (Turn.IDLE, None)
 
 
-def test_interactive_queued_or_in_prefill_is_its_turn() -> None:
+def test_interactive_in_prefill_is_its_turn() -> None:
     s, _ = make(engine("e"))
     chat = submit(s, I, 10)
-    assert turn(s) == (Turn.INTERACTIVE, None)  # queued, before the dispatch
     s.dispatch()
     assert turn(s) == (Turn.INTERACTIVE, None)  # in prefill
     doc = submit(s, B, 10)

@@ -197,6 +197,24 @@ def test_without_chunked_prefill_a_prompt_is_scheduled_whole_or_not_at_all() -> 
     assert [(c.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 1), ("c", 30)]
 
 
+def test_without_chunked_prefill_the_threshold_applies_before_the_step_budget() -> None:
+    # vLLM caps a waiting prompt at --long-prefill-token-threshold first, and only then
+    # checks it against the step budget: c's 60 tokens, capped at 10, fit in the 53 left
+    sched = make_scheduler(
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        block_size=4,
+        enable_chunked_prefill=False,
+        long_prefill_token_threshold=10,
+    )
+    sched.add_request(make_request("a", 4, 20))
+    step(sched)
+    sched.add_request(make_request("b", 60, 5))
+    sched.add_request(make_request("c", 60, 5))
+    out, _ = step(sched)
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 10), ("c", 10)]
+
+
 def test_with_chunked_prefill_the_leftover_budget_starts_the_next_prompt() -> None:
     sched = decoding_plus_prompts(chunked=True)
     out, _ = step(sched)

@@ -132,3 +132,35 @@ def test_turn_gauge_report_and_log_agree_at_every_step() -> None:
     assert report["turn_seconds"]["saturated"] == pytest.approx(2.0)
     assert report["held_seconds"]["prefill_budget"] == pytest.approx(2.0)
     assert report["held_seconds"]["interactive_waiting"] == pytest.approx(1.0)
+
+
+def test_turn_log_shows_each_budget_move_with_the_numbers_judged() -> None:
+    from datetime import datetime
+
+    s = Scenario()
+    s.submit("doc", BATCH, 100)  # batch in prefill: the chats below share the engine
+    for i in range(20):
+        s.submit(f"chat-{i}", CHAT, 50)
+    s.clock.advance(2.0)
+    for i in range(20):
+        s.scheduler.on_first_token(f"chat-{i}")  # 2 s from dispatch
+    s.clock.advance(1.0)
+    s.scheduler.tick()  # the next interval judges the 20 samples: cut
+    [move] = log_body(s.admission, 10)["budget"]
+    assert (move["engine"], move["before"], move["after"], move["cause"]) == (
+        "e0",
+        8192,
+        4096,
+        "ttft",
+    )
+    assert (move["ttft_s"], move["ttft_samples"], move["ttft_aim_s"]) == (2.0, 20, 0.24)
+    assert datetime.fromisoformat(move["time"]).tzinfo is not None
+
+
+def test_a_prompt_over_the_budget_is_named_as_the_single_request_rule() -> None:
+    s = Scenario()
+    s.submit("big", BATCH, 20_000)  # over the 8,192 budget, alone in prefill: admitted
+    s.submit("next", BATCH, 100)
+    words = sentence(turn_body(s.admission)["engines"][0])
+    assert "20,000 tokens in prefill, over the 8,192 budget: one prompt is always allowed" in words
+    assert "of 8,192 budget tokens" not in words
