@@ -1,5 +1,5 @@
 """The test bench's commands: ``whoseturn sim`` (with ``interference``, ``evaluate`` and
-``calibrate``), ``whoseturn probe`` and ``whoseturn demo``.
+``calibrate``), ``whoseturn probe``, ``whoseturn demo`` and ``whoseturn loadtest``.
 
 ``proxy.cli`` hands the rest of the command line here only when one of these commands
 runs, so ``whoseturn serve`` never loads the bench. :func:`main` takes the command's
@@ -48,7 +48,7 @@ SERVING_FLAGS = ("host", "port", "served_model_name", "time_scale")
 
 
 def main(command: str, argv: Sequence[str]) -> int:
-    """Run ``whoseturn COMMAND ARGV...`` for ``sim``, ``probe`` or ``demo``; the exit
+    """Run ``whoseturn COMMAND ARGV...`` for a bench command; the exit
     status."""
     from loadtests.sim.profile import ProfileError
 
@@ -88,6 +88,16 @@ def _add_demo_parser(commands: Commands) -> None:
         "print the side-by-side table and write a report with plots.",
     )
     add_arguments(demo)
+    from loadtests.loadtest import add_arguments as add_loadtest_arguments
+
+    loadtest = commands.add_parser(
+        "loadtest",
+        help="a workload file against a proxy and, if given, directly against engines",
+        description="Run a workload file (loadtests/workloads/*.yaml) against a running "
+        "proxy and, with --direct, against its engines; print the side-by-side table and "
+        "write a result directory.",
+    )
+    add_loadtest_arguments(loadtest)
 
 
 def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -209,6 +219,10 @@ def _misplaced(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "loadtest":
+        from loadtests.loadtest import run_loadtest
+
+        return run_loadtest(args)
     if args.command == "demo":
         from loadtests.demo.run import run_demo
 

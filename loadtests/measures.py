@@ -26,9 +26,12 @@ from proxy.scheduler.budget import percentile
 
 __all__ = [
     "ClassSummary",
+    "Window",
     "answer_mismatches",
+    "gaps",
     "pct",
     "summarize",
+    "summarize_runs",
     "tpot",
     "valid_per_hour",
 ]
@@ -84,15 +87,45 @@ def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float
     return done * 3600.0 / (end - start)
 
 
-def summarize(records: Sequence[Record], start: float, end: float) -> ClassSummary:
-    """The summary of ``records`` (one class): latencies of those sent within
-    ``[start, end]``, throughput of those finished within it."""
-    sent = [r for r in records if start <= r.sent_at <= end and r.closed_at is None]
+@dataclass(frozen=True)
+class Window:
+    """One run's records of one class: latencies of those sent within
+    ``[start, end]``, throughput of those finished within ``[counted_from, end]``."""
+
+    records: Sequence[Record]
+    start: float
+    end: float
+    counted_from: float
+
+
+def summarize(
+    records: Sequence[Record], start: float, end: float, *, counted_from: float | None = None
+) -> ClassSummary:
+    """The summary of one run's ``records`` of one class (see :class:`Window`;
+    ``counted_from`` defaults to ``start``)."""
+    return summarize_runs(
+        [Window(records, start, end, start if counted_from is None else counted_from)]
+    )
+
+
+def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
+    """The summary of one class over several runs: latencies pooled, throughput the
+    valid answers of all runs over their summed length."""
+    sent = [
+        r
+        for w in windows
+        for r in w.records
+        if w.start <= r.sent_at <= w.end and r.closed_at is None
+    ]
     ttft = [t for r in sent if (t := r.ttft) is not None]
     itl = [g for r in sent for g in gaps(r)]
     per_token = [t for r in sent if (t := tpot(r)) is not None]
     done = [d for r in sent if (d := r.done) is not None]
     queue = [r.proxy_queue_ms / 1000.0 for r in sent if r.proxy_queue_ms is not None]
+    length = sum(w.end - w.counted_from for w in windows)
+    per_hour = sum(
+        valid_per_hour(w.records, w.counted_from, w.end) * (w.end - w.counted_from) for w in windows
+    )
     return ClassSummary(
         requests=len(sent),
         valid=sum(1 for r in sent if r.valid),
@@ -105,7 +138,7 @@ def summarize(records: Sequence[Record], start: float, end: float) -> ClassSumma
         done_p50=pct(done, 0.50),
         done_p95=pct(done, 0.95),
         queue_p95=pct(queue, 0.95),
-        valid_per_hour=valid_per_hour(records, start, end),
+        valid_per_hour=per_hour / length,
     )
 
 

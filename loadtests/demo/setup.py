@@ -23,6 +23,8 @@ from loadtests.processes import (
 
 PROFILE = "cpu-tiny"
 ENGINE_FLAGS = ("--profile", PROFILE, "--long-prefill-token-threshold", "256")
+READY_S = 90.0
+"""How long a server may take to answer: long, as a loaded machine's imports are slow."""
 PROXY_SETTINGS = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
 
 
@@ -49,16 +51,17 @@ def servers(
     ``via_proxy``), wait until they answer, yield them; stop them all on exit. Logs
     go to ``out/<arm>-*.log``."""
     with ExitStack() as stack:
-        urls, commands = [], []
-        for n in range(engines):
+        urls, commands, started = [], [], []
+        for n in range(engines):  # all started first: they load side by side
             port = free_port()
             command = engine_command(port, time_scale)
             log = stack.enter_context((out / f"{arm}-engine-{n}.log").open("ab"))
-            process = stack.enter_context(running(command, output=log))
+            started.append(stack.enter_context(running(command, output=log)))
             urls.append(loopback_url(port))
             commands.append(command)
+        for n, (url, process) in enumerate(zip(urls, started, strict=True)):
             what = f"engine {n} (see {out / f'{arm}-engine-{n}.log'})"
-            wait_until_ok(f"{urls[-1]}/health", process=process, what=what, interval_s=0.1)
+            wait_until_ok(f"{url}/health", process=process, what=what, timeout_s=READY_S)
         proxy = None
         if via_proxy:
             port = free_port()
@@ -71,5 +74,5 @@ def servers(
             proxy = loopback_url(port)
             commands.append(command)
             what = f"the proxy (see {out / f'{arm}-proxy.log'})"
-            wait_until_ok(f"{proxy}/readyz", process=process, what=what, interval_s=0.1)
+            wait_until_ok(f"{proxy}/readyz", process=process, what=what, timeout_s=READY_S)
         yield Setup(urls, proxy, commands)
