@@ -16,7 +16,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_short_demo_writes_the_table_and_the_result_directory(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "proxy", "demo", "--duration", "4", "--warmup", "1"]
+    command = [sys.executable, "-m", "proxy", "demo", "--duration", "3", "--warmup", "1"]
     done = subprocess.run(
         [*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=140
     )

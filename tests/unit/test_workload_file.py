@@ -125,3 +125,19 @@ def test_routes_and_bodies() -> None:
     assert body(w, chat, 3)["messages"][0]["content"].startswith("chat 3:")
     assert body(w, batch, 3)["prompt"] != body(w, batch, 4)["prompt"]
     assert body(w, batch, 3)["temperature"] == 0
+
+
+def test_loadtest_refuses_a_bad_file_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loadtests import cli
+
+    data = _good()
+    data["classes"]["batch"]["route"] = "bulk"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    argv = [str(path), "--target", "http://127.0.0.1:9", "--out", str(out)]
+    assert cli.main("loadtest", argv) == 2
+    assert "classes.batch.route: one of chat, batch, not 'bulk'" in capsys.readouterr().err
+    assert not out.exists()
