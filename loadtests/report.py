@@ -118,8 +118,9 @@ BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95")
 
 
 def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
-    """The table: a row per figure of each class, a column per arm, then the change
-    from the first arm to the second when there are two."""
+    """The table: a row per figure of each class (valid records per hour for a batch
+    route only), a column per arm, then the change from the first arm to the second
+    when there are two."""
     names = list(arms)
     rows: list[Sequence[str]] = []
     for cls in workload.classes:
@@ -127,9 +128,10 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
         for label, key in LATENCY_ROWS if cls.route == "chat" else BATCH_ROWS:
             values = [getattr(s, key) for s in per_arm]
             rows.append((f"{cls.name} {label}", *map(ms, values), *_change(values, ratio)))
-        rates = [s.valid_per_hour for s in per_arm]
-        cells = [f"{r:,.0f}" for r in rates]
-        rows.append((f"{cls.name} valid records per hour", *cells, *_change(rates, _percent)))
+        if cls.route == "batch":  # an open chat loop's throughput is its arrival rate
+            rates = [s.valid_per_hour for s in per_arm]
+            cells = [f"{r:,.0f}" for r in rates]
+            rows.append((f"{cls.name} valid records per hour", *cells, *_change(rates, _percent)))
         counts = [f"{s.valid}/{s.requests}" for s in per_arm]
         blank = [""] if len(names) == 2 else []
         rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))

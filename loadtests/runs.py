@@ -26,7 +26,7 @@ from rich.live import Live
 from loadtests import plots
 from loadtests.harness import ArmRun, Route, new_run, run_arm
 from loadtests.measures import ClassSummary, Window, answer_mismatches, pct, summarize_runs
-from loadtests.report import side_by_side, write_records, write_report, write_result
+from loadtests.report import ms, side_by_side, write_records, write_report, write_result
 from loadtests.workload_file import Workload
 
 SAMPLE_INTERVAL_S = 0.5
@@ -64,7 +64,7 @@ async def run_plan(
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
             for label in labels:
                 run = new_run(workload)
-                async with _progress(console, f"{arm} ({label})", run):
+                async with _progress(console, f"{arm} ({label})", run, result.turns):
                     await run_arm(workload, route, http, run)
                 if label == "cold":
                     result.cold = run
@@ -182,8 +182,11 @@ async def _watch(
 
 
 @contextlib.asynccontextmanager
-async def _progress(console: Console, label: str, run: ArmRun) -> AsyncIterator[None]:
-    """A live line per class on a terminal; nothing when not a terminal."""
+async def _progress(
+    console: Console, label: str, run: ArmRun, turns: list[dict[str, Any]]
+) -> AsyncIterator[None]:
+    """A live line per class, and whose turn it is now through a proxy, on a terminal;
+    nothing when not a terminal."""
     if not console.is_terminal:
         yield
         return
@@ -191,7 +194,11 @@ async def _progress(console: Console, label: str, run: ArmRun) -> AsyncIterator[
 
         async def refresh() -> None:
             while True:
-                live.update(_lines(label, time.monotonic() - run.started_at, run))
+                lines = _lines(label, time.monotonic() - run.started_at, run)
+                if turns:
+                    now = ", ".join(f"{e['engine']} {e['turn']}" for e in turns[-1]["engines"])
+                    lines += f"\n  whose turn: {now}"
+                live.update(lines)
                 await asyncio.sleep(0.25)
 
         task = asyncio.create_task(refresh())
@@ -209,7 +216,6 @@ def _lines(label: str, elapsed: float, run: ArmRun) -> str:
         ttft = [t for r in records if (t := r.ttft) is not None]
         valid = sum(1 for r in records if r.valid and r.closed_at is None)
         lines.append(
-            f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far "
-            f"{pct(ttft, 0.95) * 1000:,.0f} ms"
+            f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far {ms(pct(ttft, 0.95))}"
         )
     return "\n".join(lines)
