@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare
+.PHONY: help demo test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
 # headless Chromium (status page).
@@ -12,6 +12,7 @@ SYSTEM_DEPS := prometheus chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 help:
+	@echo "make demo          chat beside a batch job on two simulated engines, direct vs through the proxy (~2 min)"
 	@echo "make interference  print the chat-behind-batch table from the simulated engine"
 	@echo "make evaluate      chat beside a batch job, direct vs through the proxy (virtual time)"
 	@echo "make sim           run the simulated vLLM engine on :8000, model tiny (whoseturn sim)"
@@ -77,6 +78,9 @@ compare: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/python -m loadtests.compare --repeats 3 --out $(COMPARE_OUT); status=$$?; \
 	$(BIN)/python -m loadtests.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
+
+demo: $(STAMP)
+	$(BIN)/whoseturn demo
 
 interference: $(STAMP)
 	$(BIN)/whoseturn sim interference

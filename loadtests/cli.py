@@ -1,5 +1,5 @@
 """The test bench's commands: ``whoseturn sim`` (with ``interference``, ``evaluate`` and
-``calibrate``) and ``whoseturn probe``.
+``calibrate``), ``whoseturn probe``, ``whoseturn demo`` and ``whoseturn loadtest``.
 
 ``proxy.cli`` hands the rest of the command line here only when one of these commands
 runs, so ``whoseturn serve`` never loads the bench. :func:`main` takes the command's
@@ -50,7 +50,8 @@ SERVING_FLAGS = ("host", "port", "served_model_name", "time_scale")
 
 
 def main(command: str, argv: Sequence[str]) -> int:
-    """Run ``whoseturn COMMAND ARGV...`` for ``sim`` or ``probe``; the exit status."""
+    """Run ``whoseturn COMMAND ARGV...`` for a bench command; the exit
+    status."""
     from loadtests.sim.profile import ProfileError
 
     args = parse(command, argv)
@@ -70,11 +71,35 @@ def parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     commands = cast("Commands", parser.add_subparsers(dest="command", required=True))
     sim = _add_sim_parser(commands)
     add_probe_parser(commands)
+    _add_demo_parser(commands)
     args = parser.parse_args([command, *argv])
     problem = _misplaced(args)
     if problem:
         sim.error(problem)
     return args
+
+
+def _add_demo_parser(commands: Commands) -> None:
+    from loadtests.demo.run import add_arguments
+
+    demo = commands.add_parser(
+        "demo",
+        help="chat beside a batch job, direct and through the proxy",
+        description="Start two simulated engines and the proxy on loopback, run a short "
+        "chat and batch workload directly against the engines and through the proxy, "
+        "print the side-by-side table and write a report with plots.",
+    )
+    add_arguments(demo)
+    from loadtests.loadtest import add_arguments as add_loadtest_arguments
+
+    loadtest = commands.add_parser(
+        "loadtest",
+        help="a workload file against a proxy and, if given, directly against engines",
+        description="Run a workload file (loadtests/workloads/*.yaml) against a running "
+        "proxy and, with --direct, against its engines; print the side-by-side table and "
+        "write a result directory.",
+    )
+    add_loadtest_arguments(loadtest)
 
 
 def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
@@ -204,6 +229,14 @@ def _misplaced(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "loadtest":
+        from loadtests.loadtest import run_loadtest
+
+        return run_loadtest(args)
+    if args.command == "demo":
+        from loadtests.demo.run import run_demo
+
+        return run_demo(args)
     if args.command == "probe":
         from loadtests.probe.command import run_probe_command
 

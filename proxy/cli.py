@@ -1,5 +1,6 @@
 """The whoseturn command line: ``serve`` and ``turn`` here, the bench's commands
-(``sim``, ``probe``) in ``loadtests.cli``, imported only when one of them runs.
+(``sim``, ``probe``, ``demo``, ``loadtest``) in ``loadtests.cli``, imported only when
+one of them runs.
 
 :func:`main` takes the arguments (default ``sys.argv[1:]``) and returns the exit
 status. ``whoseturn serve`` logs at start where its settings came from and where it
@@ -44,6 +45,9 @@ BENCH_COMMANDS = {
     "sim": "run the simulated vLLM-compatible engine, or its tables in virtual time "
     "(interference, evaluate) or its calibration against an engine (calibrate)",
     "probe": "tell from outside whether an engine interleaves prefill with decode",
+    "demo": "chat beside a batch job on two simulated engines, direct and through the "
+    "proxy: the side-by-side table and a report",
+    "loadtest": "a workload file against a proxy and, with --direct, against its engines",
 }
 """The test bench's commands, run by ``loadtests.cli``."""
 

@@ -1,0 +1,150 @@
+"""What the harness computes from the records it kept, with the definitions of vLLM's
+benchmark:
+
+- **TTFT**: request sent → first content token;
+- **ITL**: every gap between consecutive tokens of a stream (one value per gap);
+- **TPOT**: ``(E2E - TTFT) / (n - 1)`` for an answer of ``n > 1`` tokens, E2E being
+  request sent → last byte;
+- **queue wait**: the proxy's ``X-Whoseturn-Queue-Ms``;
+- **valid records per hour**: valid answers finished within the measured window,
+  scaled to an hour.
+
+Percentiles are nearest-rank (the proxy's own :func:`percentile`), NaN for no value.
+The answer check pairs the records of two arms by id: with greedy sampling on the same
+engine the same prompt must get the same answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from loadtests.client import Record
+from proxy.scheduler.budget import percentile
+
+__all__ = [
+    "ClassSummary",
+    "Window",
+    "answer_mismatches",
+    "gaps",
+    "pct",
+    "summarize",
+    "summarize_runs",
+    "tpot",
+    "valid_per_hour",
+]
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0 to 1) of ``values``; NaN if none."""
+    return percentile(list(values), q) if values else math.nan
+
+
+def gaps(record: Record) -> list[float]:
+    """The inter-token gaps of one stream, in seconds."""
+    return [b - a for a, b in itertools.pairwise(record.token_times)]
+
+
+def tpot(record: Record) -> float | None:
+    """Time per output token after the first: ``(E2E - TTFT) / (n - 1)``; None for an
+    answer of fewer than two tokens or an unfinished one."""
+    n = record.completion_tokens or len(record.token_times)
+    if n < 2 or record.done is None or record.ttft is None:
+        return None
+    return (record.done - record.ttft) / (n - 1)
+
+
+@dataclass(frozen=True)
+class ClassSummary:
+    """One traffic class of one arm over the measured window (seconds, counts)."""
+
+    requests: int
+    valid: int
+    ttft_p50: float
+    ttft_p95: float
+    ttft_p99: float
+    itl_p50: float
+    itl_p95: float
+    tpot_p50: float
+    done_p50: float
+    done_p95: float
+    queue_p95: float
+    valid_per_hour: float
+
+
+def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float:
+    """Valid answers finished within ``[start, end]`` (monotonic seconds), per hour."""
+    if end <= start:
+        raise ValueError("the window must have a positive length")
+    done = sum(
+        1
+        for r in records
+        if r.closed_at is None and r.valid and r.finished_at is not None
+        if start <= r.finished_at <= end
+    )
+    return done * 3600.0 / (end - start)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One run's records of one class: latencies of those sent within
+    ``[start, end]``, throughput of those finished within ``[counted_from, end]``."""
+
+    records: Sequence[Record]
+    start: float
+    end: float
+    counted_from: float
+
+
+def summarize(
+    records: Sequence[Record], start: float, end: float, *, counted_from: float | None = None
+) -> ClassSummary:
+    """The summary of one run's ``records`` of one class (see :class:`Window`;
+    ``counted_from`` defaults to ``start``)."""
+    return summarize_runs(
+        [Window(records, start, end, start if counted_from is None else counted_from)]
+    )
+
+
+def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
+    """The summary of one class over several runs: latencies pooled, throughput the
+    valid answers of all runs over their summed length."""
+    sent = [
+        r
+        for w in windows
+        for r in w.records
+        if w.start <= r.sent_at <= w.end and r.closed_at is None
+    ]
+    ttft = [t for r in sent if (t := r.ttft) is not None]
+    itl = [g for r in sent for g in gaps(r)]
+    per_token = [t for r in sent if (t := tpot(r)) is not None]
+    done = [d for r in sent if (d := r.done) is not None]
+    queue = [r.proxy_queue_ms / 1000.0 for r in sent if r.proxy_queue_ms is not None]
+    length = sum(w.end - w.counted_from for w in windows)
+    per_hour = sum(
+        valid_per_hour(w.records, w.counted_from, w.end) * (w.end - w.counted_from) for w in windows
+    )
+    return ClassSummary(
+        requests=len(sent),
+        valid=sum(1 for r in sent if r.valid),
+        ttft_p50=pct(ttft, 0.50),
+        ttft_p95=pct(ttft, 0.95),
+        ttft_p99=pct(ttft, 0.99),
+        itl_p50=pct(itl, 0.50),
+        itl_p95=pct(itl, 0.95),
+        tpot_p50=pct(per_token, 0.50),
+        done_p50=pct(done, 0.50),
+        done_p95=pct(done, 0.95),
+        queue_p95=pct(queue, 0.95),
+        valid_per_hour=per_hour / length,
+    )
+
+
+def answer_mismatches(a: Iterable[Record], b: Iterable[Record]) -> tuple[int, int]:
+    """``(compared, differing)``: the records of two arms paired by id, both whole
+    (valid, not closed early), and how many of those pairs answered differently."""
+    whole = {r.id: r for r in b if r.valid and r.closed_at is None}
+    pairs = [(r, whole[r.id]) for r in a if r.valid and r.closed_at is None and r.id in whole]
+    return len(pairs), sum(1 for x, y in pairs if x.text != y.text)

@@ -1,0 +1,182 @@
+"""A run's result directory: ``records.jsonl``, ``result.json``, ``report.md``.
+
+The side-by-side table is the same text on the terminal and in ``report.md``: per
+class, the latencies (TTFT, ITL, TPOT, completion; for a batch route TTFT p95 only)
+and the proxy's queue wait, and valid records per hour; one column per arm and, with
+two arms, the change from the first to the second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from loadtests.markdown import markdown_table
+from loadtests.measures import ClassSummary
+from loadtests.workload_file import Workload
+
+DEMO_REASONING = (
+    "Chat beside a saturating batch job on two simulated vLLM engines (cpu-tiny "
+    "profile, chunked prefill, long-prefill threshold 256). Direct, each engine's "
+    "FCFS queue holds batch prefills ahead of chat; through the proxy, batch waits in "
+    "the proxy and is admitted within a prefill budget, so chat TTFT should fall while "
+    "the engines stay busy with batch prefill, keeping batch valid records per hour."
+)
+
+RETEST_WHEN = [
+    "the engine, its launch flags, its cost profile or step scheduler changes",
+    "the proxy's scheduler, budget loop or their defaults change (proxy/scheduler, "
+    "proxy/config.py)",
+    "the workload's sizes, rates or duration change",
+    "the machine changes (cores, load): wall-clock times include the proxy's overhead",
+]
+
+PACKAGES = ("whoseturn", "fastapi", "uvicorn", "httpx", "prometheus-client", "anyio")
+
+
+def write_records(out: Path, arms: dict[str, list[dict[str, Any]]]) -> None:
+    """Every request of every arm, one JSON object a line, with its arm and answer."""
+    with (out / "records.jsonl").open("w") as f:
+        for arm, rows in arms.items():
+            for row in rows:
+                f.write(json.dumps({"arm": arm, **row}) + "\n")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def write_result(
+    out: Path,
+    workload: Workload,
+    *,
+    setup: dict[str, Any],
+    summaries: dict[str, dict[str, ClassSummary]],
+    answers: tuple[int, int] | None,
+    reasoning: str,
+) -> None:
+    """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
+    added), the figures per arm and class, the answer check, the reasoning, the date."""
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "workload": workload.to_json(),
+        "setup": {**setup, "runtime": versions()},
+        "summaries": {
+            arm: {cls: _json_safe(asdict(s)) for cls, s in by_class.items()}
+            for arm, by_class in summaries.items()
+        },
+        "answer_check": None
+        if answers is None
+        else {"compared": answers[0], "differing": answers[1]},
+        "reasoning": reasoning,
+        "retest_when": RETEST_WHEN,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+def ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
+
+
+def ratio(before: float, after: float) -> str:
+    """How ``after`` compares with ``before``: "3.1x lower", "1.2x higher"."""
+    if math.isnan(before) or math.isnan(after) or after == 0 or before == 0:
+        return "-"
+    return f"{before / after:.1f}x lower" if before >= after else f"{after / before:.1f}x higher"
+
+
+LATENCY_ROWS = (
+    ("TTFT p50", "ttft_p50"),
+    ("TTFT p95", "ttft_p95"),
+    ("TTFT p99", "ttft_p99"),
+    ("ITL p50", "itl_p50"),
+    ("ITL p95", "itl_p95"),
+    ("TPOT p50", "tpot_p50"),
+    ("completion p50", "done_p50"),
+    ("completion p95", "done_p95"),
+    ("queue wait in proxy p95", "queue_p95"),
+)
+BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95"))
+
+
+def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
+    """The table: a row per figure of each class (valid records per hour for a batch
+    route only), a column per arm, then the change from the first arm to the second
+    when there are two."""
+    names = list(arms)
+    rows: list[Sequence[str]] = []
+    for cls in workload.classes:
+        per_arm = [arms[a][cls.name] for a in names]
+        for label, key in LATENCY_ROWS if cls.route == "chat" else BATCH_ROWS:
+            values = [getattr(s, key) for s in per_arm]
+            rows.append((f"{cls.name} {label}", *map(ms, values), *_change(values, ratio)))
+        if cls.route == "batch":  # an open chat loop's throughput is its arrival rate
+            rates = [s.valid_per_hour for s in per_arm]
+            cells = [f"{r:,.0f}" for r in rates]
+            rows.append((f"{cls.name} valid records per hour", *cells, *_change(rates, _percent)))
+        counts = [f"{s.valid}/{s.requests}" for s in per_arm]
+        blank = [""] if len(names) == 2 else []
+        rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))
+    header = ("", *names, *(["change"] if len(names) == 2 else []))
+    return markdown_table(header, rows)
+
+
+def _change(values: list[float], how: Callable[[float, float], str]) -> list[str]:
+    return [how(values[0], values[1])] if len(values) == 2 else []
+
+
+def _percent(before: float, after: float) -> str:
+    return f"{(after / before - 1) * 100:+.1f}%" if before else "-"
+
+
+def write_report(
+    out: Path,
+    workload: Workload,
+    *,
+    intro: str,
+    table: str,
+    answers: tuple[int, int] | None,
+    plots: Sequence[str],
+) -> None:
+    """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
+    lines = [
+        f"# {workload.name}",
+        "",
+        intro,
+        "",
+        "Times are wall-clock. TPOT = (E2E - TTFT)/(n - 1); ITL is every gap; queue wait "
+        "is the proxy's `X-Whoseturn-Queue-Ms`; valid = a whole answer of `max_tokens`. "
+        f"Latencies are of requests sent after the first {workload.plan.warmup_s:g} s of a "
+        "run; valid records per hour count what finished over the whole run (every arm "
+        "starts empty; a closed loop's completions come in waves that a shorter window "
+        "cuts unevenly).",
+        "",
+        table,
+        "",
+    ]
+    if answers is not None:
+        lines += [
+            f"Answer check: {answers[0]} requests answered whole in both arms, "
+            f"{answers[1]} answers differ.",
+            "",
+        ]
+    lines += [*[f"![{name}]({name})" for name in plots], ""]
+    (out / "report.md").write_text("\n".join(lines))

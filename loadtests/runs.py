@@ -1,0 +1,221 @@
+"""A workload's plan against one or two arms, and the result directory it leaves.
+
+:func:`run_plan` runs the plan (a cold run if asked, then the warm runs) against one
+arm, sampling the proxy's ``GET /turn`` twice a second for the timeline when the arm
+is a proxy, and keeping its ``GET /turn/log`` at the end. Progress is a live line on a
+terminal (``rich``), nothing otherwise. :func:`finish` summarises the arms, checks
+their answers against each other, writes ``records.jsonl``, ``result.json``,
+``report.md`` and the plots, and prints the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+
+from loadtests import plots
+from loadtests.harness import ArmRun, Route, new_run, run_arm
+from loadtests.measures import ClassSummary, Window, answer_mismatches, pct, summarize_runs
+from loadtests.report import ms, side_by_side, write_records, write_report, write_result
+from loadtests.workload_file import Workload
+
+SAMPLE_INTERVAL_S = 0.5
+
+
+@dataclass
+class ArmResult:
+    """An arm's runs (the cold one apart), and through a proxy its turn samples
+    (``{"t": seconds from the first run's start, "engines": GET /turn's list}``)."""
+
+    warm: list[ArmRun]
+    cold: ArmRun | None = None
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+    def all_runs(self) -> list[tuple[str, ArmRun]]:
+        first = [("cold", self.cold)] if self.cold is not None else []
+        return first + [(f"warm-{n}", run) for n, run in enumerate(self.warm)]
+
+
+async def run_plan(
+    workload: Workload,
+    route: Route,
+    *,
+    arm: str,
+    proxy: str | None,
+    out: Path,
+    console: Console,
+) -> ArmResult:
+    """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
+    its turn samples and write its decisions to ``out/<arm>-turn-log.json``."""
+    result = ArmResult([])
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        async with _watch(http, proxy, result.turns):
+            labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
+            for label in labels:
+                run = new_run(workload)
+                async with _progress(console, f"{arm} ({label})", run, result.turns):
+                    await run_arm(workload, route, http, run)
+                if label == "cold":
+                    result.cold = run
+                else:
+                    result.warm.append(run)
+        if proxy is not None:
+            log = await http.get(f"{proxy}/turn/log", params={"limit": 1000})
+            (out / f"{arm}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
+    return result
+
+
+def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
+    """Each class over ``runs``: latencies after each run's warm-up, throughput over
+    each whole run."""
+    out = {}
+    for cls in workload.classes:
+        windows = [
+            Window(run.records[cls.name], *run.window(workload), counted_from=run.started_at)
+            for run in runs
+        ]
+        out[cls.name] = summarize_runs(windows)
+    return out
+
+
+def finish(
+    out: Path,
+    workload: Workload,
+    arms: dict[str, ArmResult],
+    *,
+    setup: dict[str, Any],
+    reasoning: str,
+    intro: str,
+) -> str:
+    """Write the result directory for ``arms`` (one or two); the table, printed too."""
+    figures = {arm: summaries(workload, r.warm) for arm, r in arms.items()}
+    if workload.plan.cold:
+        figures.update(
+            {f"{a} (cold)": summaries(workload, [r.cold]) for a, r in arms.items() if r.cold}
+        )
+    names = list(arms)
+    answers = None
+    if len(names) == 2:
+        first, second = (
+            [rec for _, run in arms[a].all_runs() for rs in run.records.values() for rec in rs]
+            for a in names
+        )
+        answers = answer_mismatches(first, second)
+    warm_table = side_by_side(workload, {a: figures[a] for a in names})
+    write_records(
+        out,
+        {
+            a: [
+                {"run": label, **rec.to_json()}
+                for label, run in r.all_runs()
+                for rs in run.records.values()
+                for rec in rs
+            ]
+            for a, r in arms.items()
+        },
+    )
+    drawn = _plots(out, arms)
+    write_result(
+        out, workload, setup=setup, summaries=figures, answers=answers, reasoning=reasoning
+    )
+    write_report(out, workload, intro=intro, table=warm_table, answers=answers, plots=drawn)
+    print(warm_table)
+    if answers is not None:
+        print(f"\nAnswer check: {answers[0]} compared, {answers[1]} differ.")
+    print(f"\nReport: {out / 'report.md'}")
+    print("Plots: " + ", ".join(str(out / name) for name in drawn))
+    return warm_table
+
+
+def _plots(out: Path, arms: dict[str, ArmResult]) -> list[str]:
+    series = {}
+    for arm, result in arms.items():
+        for cls in result.warm[0].records:
+            values = [
+                t for run in result.warm for r in run.records[cls] if (t := r.ttft) is not None
+            ]
+            series[f"{cls}, {arm}"] = values
+    plots.ttft_plot(out / "ttft.png", series)
+    drawn = ["ttft.png"]
+    for arm, result in arms.items():
+        if result.turns:
+            plots.timeline_plot(out / f"timeline-{arm}.png", result.turns)
+            drawn.append(f"timeline-{arm}.png")
+    return drawn
+
+
+@contextlib.asynccontextmanager
+async def _watch(
+    http: httpx.AsyncClient, proxy: str | None, samples: list[dict[str, Any]]
+) -> AsyncIterator[None]:
+    """Sample ``GET proxy/turn`` into ``samples`` while the body runs (nothing if no proxy)."""
+
+    async def sample() -> None:
+        start = time.monotonic()
+        while True:
+            try:
+                body = (await http.get(f"{proxy}/turn")).json()
+                samples.append({"t": time.monotonic() - start, "engines": body["engines"]})
+            except httpx.HTTPError:
+                pass  # a missed sample is a gap in the plot, not a failure of the run
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    task = asyncio.create_task(sample()) if proxy else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@contextlib.asynccontextmanager
+async def _progress(
+    console: Console, label: str, run: ArmRun, turns: list[dict[str, Any]]
+) -> AsyncIterator[None]:
+    """A live line per class, and whose turn it is now through a proxy, on a terminal;
+    nothing when not a terminal."""
+    if not console.is_terminal:
+        yield
+        return
+    with Live(console=console, refresh_per_second=4, transient=True) as live:
+
+        async def refresh() -> None:
+            while True:
+                lines = _lines(label, time.monotonic() - run.started_at, run)
+                if turns:
+                    now = ", ".join(f"{e['engine']} {e['turn']}" for e in turns[-1]["engines"])
+                    lines += f"\n  whose turn: {now}"
+                live.update(lines)
+                await asyncio.sleep(0.25)
+
+        task = asyncio.create_task(refresh())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _lines(label: str, elapsed: float, run: ArmRun) -> str:
+    lines = [f"{label}: {elapsed:4.0f} s"]
+    for cls, records in run.records.items():
+        ttft = [t for r in records if (t := r.ttft) is not None]
+        valid = sum(1 for r in records if r.valid and r.closed_at is None)
+        lines.append(
+            f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far {ms(pct(ttft, 0.95))}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Workload files (``loadtests/workloads/*.yaml``): the traffic classes a run loads
+together, and its plan. Checked on load: a bad file raises :class:`WorkloadError`
+naming the key.
+
+```yaml
+name: demo
+model: tiny                 # the served model name sent in every request
+seed: 0                     # arrivals and prompt choice; same seed, same run
+plan:
+  cold: false               # one run first, reported apart (caches empty)
+  warm_runs: 1              # then this many runs, pooled
+  duration_s: 40            # each run's length, wall-clock seconds
+  warmup_s: 8               # latencies of requests sent before this are not counted
+classes:
+  chat:
+    route: chat             # chat: the proxy's /v1; batch: its /batch/v1
+    api: chat               # chat: /chat/completions with messages; completions: a prompt
+    arrival: {process: poisson, rate: 2.0}
+      # or {process: gamma, rate: R, burstiness: B}, {process: closed, concurrency: N},
+      # {process: trace, file: PATH}  (PATH relative to the workload file)
+    prompt: {source: python-docs, chars: 400}
+    max_tokens: 48
+    temperature: 0          # the default: greedy, so answers can be compared across arms
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROUTES = ("chat", "batch")
+APIS = ("chat", "completions")
+PROCESSES = ("poisson", "gamma", "closed", "trace")
+SOURCES = ("python-docs",)
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be run; the message names the key."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arrival:
+    process: str
+    rate: float = 0.0
+    burstiness: float = 1.0
+    concurrency: int = 0
+    trace: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrafficClass:
+    name: str
+    route: str
+    api: str
+    arrival: Arrival
+    prompt_chars: int
+    max_tokens: int
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    cold: bool = False
+    warm_runs: int = 1
+    duration_s: float = 40.0
+    warmup_s: float = 8.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    model: str
+    seed: int
+    plan: Plan
+    classes: tuple[TrafficClass, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The workload as plain data, for ``result.json``."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        for c in data["classes"]:
+            if c["arrival"]["trace"] is not None:
+                c["arrival"]["trace"] = str(c["arrival"]["trace"])
+        return data
+
+
+def load_workload(path: Path) -> Workload:
+    """The workload in ``path``; :class:`WorkloadError` naming the key if it is bad."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkloadError(f"{path}: {exc}") from exc
+    try:
+        return parse_workload(data, base=path.parent)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{path}: {exc}") from None
+
+
+def parse_workload(data: Any, *, base: Path) -> Workload:
+    """The workload from parsed YAML; trace files are relative to ``base``."""
+    top = _mapping(data, "", {"name", "model", "seed", "plan", "classes"})
+    classes = _mapping(top.get("classes"), "classes", None)
+    if not classes:
+        raise WorkloadError("classes: at least one traffic class is needed")
+    return Workload(
+        name=_typed(top, "name", str, "", "workload"),
+        model=_typed(top, "model", str, "", "tiny"),
+        seed=_typed(top, "seed", int, "", 0),
+        plan=_plan(top.get("plan", {})),
+        classes=tuple(_class(str(k), v, base) for k, v in classes.items()),
+    )
+
+
+def _plan(data: Any) -> Plan:
+    d = _mapping(data, "plan", {"cold", "warm_runs", "duration_s", "warmup_s"})
+    plan = Plan(
+        cold=_typed(d, "cold", bool, "plan.", False),
+        warm_runs=_typed(d, "warm_runs", int, "plan.", 1),
+        duration_s=float(_typed(d, "duration_s", (int, float), "plan.", 40.0)),
+        warmup_s=float(_typed(d, "warmup_s", (int, float), "plan.", 8.0)),
+    )
+    if plan.warm_runs < 1:
+        raise WorkloadError("plan.warm_runs: must be at least 1")
+    if not 0 <= plan.warmup_s < plan.duration_s:
+        raise WorkloadError("plan.warmup_s: must be at least 0 and below plan.duration_s")
+    return plan
+
+
+def _class(name: str, data: Any, base: Path) -> TrafficClass:
+    at = f"classes.{name}."
+    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature"}
+    d = _mapping(data, at.rstrip("."), keys)
+    prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
+    if _typed(prompt, "source", str, at + "prompt.", "python-docs") not in SOURCES:
+        raise WorkloadError(f"{at}prompt.source: one of {', '.join(SOURCES)}")
+    return TrafficClass(
+        name=name,
+        route=_choice(d, "route", ROUTES, at),
+        api=_choice(d, "api", APIS, at),
+        arrival=_arrival(d.get("arrival"), at + "arrival", base),
+        prompt_chars=_positive(prompt, "chars", at + "prompt."),
+        max_tokens=_positive(d, "max_tokens", at),
+        temperature=float(_typed(d, "temperature", (int, float), at, 0.0)),
+    )
+
+
+def _arrival(data: Any, at: str, base: Path) -> Arrival:
+    d = _mapping(data, at, {"process", "rate", "burstiness", "concurrency", "file"})
+    process = _choice(d, "process", PROCESSES, at + ".")
+    if process == "closed":
+        return Arrival(process=process, concurrency=_positive(d, "concurrency", at + "."))
+    if process == "trace":
+        file = base / _typed(d, "file", str, at + ".", None)
+        if not file.is_file():
+            raise WorkloadError(f"{at}.file: no such file: {file}")
+        return Arrival(process=process, trace=file)
+    rate = float(_typed(d, "rate", (int, float), at + ".", None))
+    burstiness = float(_typed(d, "burstiness", (int, float), at + ".", 1.0))
+    if rate <= 0 or burstiness <= 0:
+        raise WorkloadError(f"{at}.rate, {at}.burstiness: must be positive")
+    return Arrival(process=process, rate=rate, burstiness=burstiness)
+
+
+def _mapping(data: Any, at: str, keys: set[str] | None) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{at or 'the file'}: must be a mapping")
+    unknown = sorted(set(map(str, data)) - keys) if keys is not None else []
+    if unknown:
+        where = f"{at}." if at else ""
+        raise WorkloadError(f"{where}{unknown[0]}: unknown key")
+    return data
+
+
+def _typed(d: dict[str, Any], key: str, kind: Any, at: str, default: Any) -> Any:
+    if key not in d:
+        if default is None:
+            raise WorkloadError(f"{at}{key}: missing")
+        return default
+    value = d[key]
+    if isinstance(value, bool) and kind is not bool:
+        raise WorkloadError(f"{at}{key}: wrong type: {value!r}")
+    if not isinstance(value, kind):
+        raise WorkloadError(f"{at}{key}: wrong type: {value!r}")
+    return value
+
+
+def _positive(d: dict[str, Any], key: str, at: str) -> int:
+    value = _typed(d, key, int, at, None)
+    if value < 1:
+        raise WorkloadError(f"{at}{key}: must be at least 1")
+    return int(value)
+
+
+def _choice(d: dict[str, Any], key: str, choices: tuple[str, ...], at: str) -> str:
+    value = _typed(d, key, str, at, None)
+    if value not in choices:
+        raise WorkloadError(f"{at}{key}: one of {', '.join(choices)}, not {value!r}")
+    return str(value)

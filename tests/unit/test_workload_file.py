@@ -1,0 +1,143 @@
+"""Workload files: the shipped ones load; a bad file gets an error naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from loadtests.harness import body, direct_route, proxy_route, send_times
+from loadtests.workload_file import WorkloadError, load_workload, parse_workload
+
+WORKLOADS = Path(__file__).parents[2] / "loadtests" / "workloads"
+
+
+def _good() -> dict[str, Any]:
+    return {
+        "name": "w",
+        "classes": {
+            "chat": {
+                "route": "chat",
+                "api": "chat",
+                "arrival": {"process": "poisson", "rate": 2},
+                "prompt": {"chars": 100},
+                "max_tokens": 8,
+            },
+            "batch": {
+                "route": "batch",
+                "api": "completions",
+                "arrival": {"process": "closed", "concurrency": 4},
+                "prompt": {"chars": 1000},
+                "max_tokens": 4,
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("path", sorted(WORKLOADS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_workloads_load(path: Path) -> None:
+    workload = load_workload(path)
+    assert workload.classes
+    assert all(c.temperature == 0 for c in workload.classes)
+
+
+def test_defaults() -> None:
+    w = parse_workload(_good(), base=Path())
+    assert w.model == "tiny" and w.seed == 0
+    assert (w.plan.cold, w.plan.warm_runs, w.plan.duration_s) == (False, 1, 40.0)
+    chat = w.classes[0]
+    assert chat.temperature == 0.0 and chat.arrival.burstiness == 1.0
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data[key]
+    if value is KeyError:
+        del data[last]
+    else:
+        data[last] = value
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        ("classes.chat.route", "fast", "classes.chat.route: one of chat, batch"),
+        ("classes.chat.arrival.process", "burst", "classes.chat.arrival.process"),
+        ("classes.chat.arrival.rate", KeyError, "classes.chat.arrival.rate: missing"),
+        ("classes.chat.arrival.rate", -1, "classes.chat.arrival.rate"),
+        ("classes.batch.arrival.concurrency", 0, "classes.batch.arrival.concurrency"),
+        ("classes.chat.max_tokens", "many", "classes.chat.max_tokens: wrong type"),
+        ("classes.chat.max_tokens", True, "classes.chat.max_tokens: wrong type"),
+        ("classes.chat.prompt.chars", KeyError, "classes.chat.prompt.chars: missing"),
+        ("classes.chat.prompt.source", "wiki", "classes.chat.prompt.source"),
+        ("classes.chat.temprature", 0, "classes.chat.temprature: unknown key"),
+        ("plan", {"warm_runs": 0}, "plan.warm_runs"),
+        ("plan", {"duration_s": 5, "warmup_s": 9}, "plan.warmup_s"),
+        ("plan", {"cold": "yes"}, "plan.cold: wrong type"),
+        ("classes", {}, "classes: at least one"),
+        ("extra", 1, "extra: unknown key"),
+    ],
+)
+def test_a_bad_file_names_the_key(dotted: str, value: Any, named: str) -> None:
+    data = _good()
+    _set(data, dotted, value)
+    with pytest.raises(WorkloadError, match=named.replace(".", r"\.")):
+        parse_workload(data, base=Path())
+
+
+def test_the_error_names_the_file_too(tmp_path: Path) -> None:
+    data = _good()
+    data["classes"]["chat"]["arrival"] = {"process": "trace", "file": "missing.txt"}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(WorkloadError, match=r"bad\.yaml: classes\.chat\.arrival\.file: no such"):
+        load_workload(path)
+
+
+def test_trace_file_is_relative_to_the_workload(tmp_path: Path) -> None:
+    (tmp_path / "times.txt").write_text("0.1\n0.2\n5\n")
+    data = _good()
+    data["classes"]["chat"]["arrival"] = {"process": "trace", "file": "times.txt"}
+    data["plan"] = {"duration_s": 3, "warmup_s": 0}
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(data))
+    w = load_workload(path)
+    (chat,) = [c for c in w.classes if c.name == "chat"]
+    assert send_times(w, chat) == [0.1, 0.2]
+
+
+def test_routes_and_bodies() -> None:
+    w = parse_workload(_good(), base=Path())
+    chat, batch = w.classes
+    route = direct_route(["http://a", "http://b"])
+    assert [route(chat), route(batch), route(chat)] == [
+        "http://a/v1/chat/completions",
+        "http://b/v1/completions",
+        "http://a/v1/chat/completions",
+    ]
+    via = proxy_route("http://p")
+    assert via(chat) == "http://p/v1/chat/completions"
+    assert via(batch) == "http://p/batch/v1/completions"
+    assert body(w, chat, 3) == body(w, chat, 3)
+    assert body(w, chat, 3)["messages"][0]["content"].startswith("chat 3:")
+    assert body(w, batch, 3)["prompt"] != body(w, batch, 4)["prompt"]
+    assert body(w, batch, 3)["temperature"] == 0
+
+
+def test_loadtest_refuses_a_bad_file_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loadtests import cli
+
+    data = _good()
+    data["classes"]["batch"]["route"] = "bulk"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    argv = [str(path), "--target", "http://127.0.0.1:9", "--out", str(out)]
+    assert cli.main("loadtest", argv) == 2
+    assert "classes.batch.route: one of chat, batch, not 'bulk'" in capsys.readouterr().err
+    assert not out.exists()
