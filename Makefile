@@ -19,7 +19,7 @@ help:
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
-	@echo "make test-docker   the image tier: Debian's docker.io and debootstrap, dockerd, a local base image, tests/docker"
+	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 
 $(STAMP): pyproject.toml
@@ -77,9 +77,11 @@ test-e2e: $(STAMP) $(MODEL_STAMP)
 # and cached by its tag; dockerd is started here (host networking) if none answers.
 DOCKER_DATA ?= /var/cache/whoseturn/docker
 test-docker: $(STAMP)
-	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null || { \
-	  echo "installing Debian packages: docker.io debootstrap"; \
-	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q docker.io debootstrap; }
+	@missing=""; for b in dockerd docker-compose debootstrap; do command -v $$b >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: docker.io docker-compose debootstrap"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q docker.io docker-compose debootstrap; \
+	fi
 	@docker info >/dev/null 2>&1 || { \
 	  echo "starting dockerd (data in $(DOCKER_DATA), log in $(DOCKER_DATA).log)"; \
 	  $(SUDO) mkdir -p $(DOCKER_DATA); \
