@@ -15,11 +15,15 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.support import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "whoseturn-base:bookworm"
@@ -87,3 +91,15 @@ def image(base_image: str, wheelhouse: str) -> Iterator[str]:
         timeout=900,
     )  # fmt: skip
     yield IMAGE
+
+
+def wait_for_model(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until the proxy at ``url`` lists the test model: ``/readyz`` answers once an
+    engine is up, and the engines' models are asked for just after."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        models = httpx.get(f"{url}/v1/models", timeout=5).json().get("data", [])
+        if MODEL in [m["id"] for m in models]:
+            return
+        assert time.monotonic() < deadline, f"{url} does not list {MODEL}: {models}"
+        time.sleep(0.2)

@@ -22,6 +22,8 @@ import pytest
 from tests.support import MODEL
 from tests.support.processes import free_port, loopback_url, wait_until_ok
 
+from .conftest import wait_for_model
+
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "deploy/compose"
 LOCAL = ("sim-0", "sim-1", "whoseturn")
@@ -60,6 +62,7 @@ def stack(image: str) -> Iterator[str]:
         compose(*base, "up", "-d", "--no-build", *LOCAL, env=env)
         url = loopback_url(port)
         wait_until_ok(f"{url}/readyz", what="the compose stack's proxy", timeout_s=90)
+        wait_for_model(url)
         yield url
     finally:
         compose(*base, "down", "-v", "--timeout", "40", env=env)

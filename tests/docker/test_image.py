@@ -1,5 +1,6 @@
 """The repository's ``Dockerfile`` built and run: the proxy in a container (host
-network, configured by a mounted YAML file and the environment) in front of a
+network, a read-only root filesystem as in deploy/k8s, configured by a mounted YAML
+file and the environment) in front of a
 simulated engine on this host answers ``/readyz``, a chat request, a batch request,
 a Batch API job stored on its volume and ``/metrics``, as a non-root user; Docker's
 own health check sees it healthy; ``docker stop`` drains it and it exits cleanly.
@@ -27,7 +28,7 @@ from tests.support.processes import (
     wait_until_ok,
 )
 
-from .conftest import docker
+from .conftest import docker, wait_for_model
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 UID = "10001"
@@ -59,7 +60,7 @@ def proxy(image: str, sim: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     port = free_port()
     name = f"whoseturn-docker-tier-{port}"
     docker(
-        "run", "-d", "--name", name, "--network", "host",
+        "run", "-d", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp",
         "-e", f"WHOSETURN_PORT={port}",
         "-v", f"{config}:/etc/whoseturn/whoseturn.yaml:ro",
         image,
@@ -67,6 +68,7 @@ def proxy(image: str, sim: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     container = Container(name, loopback_url(port))
     try:
         wait_until_ok(f"{container.url}/readyz", what="the proxy's container", timeout_s=60)
+        wait_for_model(container.url)
         yield container
     except Exception:
         print(docker("logs", name, check=False))
