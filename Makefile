@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare
+.PHONY: help demo test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare test-docker
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
 # headless Chromium (status page).
@@ -20,6 +20,7 @@ help:
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
+	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 
 $(STAMP): pyproject.toml
@@ -71,6 +72,24 @@ tiny-model: $(MODEL_STAMP)
 test-e2e: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
+
+# The image tier (tests/docker): builds the Dockerfile on a local Docker engine and runs
+# it. No registry is needed: the base image is made from Debian's packages (debootstrap)
+# and cached by its tag; dockerd is started here (host networking) if none answers.
+DOCKER_DATA ?= /var/cache/whoseturn/docker
+test-docker: $(STAMP)
+	@missing=""; for b in dockerd docker-compose debootstrap; do command -v $$b >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: docker.io docker-compose debootstrap"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q docker.io docker-compose debootstrap; \
+	fi
+	@docker info >/dev/null 2>&1 || { \
+	  echo "starting dockerd (data in $(DOCKER_DATA), log in $(DOCKER_DATA).log)"; \
+	  $(SUDO) mkdir -p $(DOCKER_DATA); \
+	  $(SUDO) sh -c 'nohup dockerd --iptables=false --bridge=none --data-root $(DOCKER_DATA) >$(DOCKER_DATA).log 2>&1 &'; \
+	  for i in $$(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done; docker info >/dev/null; }
+	$(SUDO) tests/docker/build-base.sh whoseturn-base:bookworm
+	$(BIN)/pytest tests/docker -p no:cacheprovider --durations=0
 
 # The baseline comparison on real vLLM, then the simulator's replay of it (fidelity).
 COMPARE_OUT ?= artifacts/compare
