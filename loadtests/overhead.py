@@ -189,8 +189,11 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
         for chars in plan.prompt_chars:
             for level in plan.levels:
                 for arm in arms:
-                    rows[arm.name, chars, level] = measure(arm, level, chars, plan.tokens)
-                    print(f"  {arm.name} {chars} chars {level} streams done", file=sys.stderr)
+                    row = rows[arm.name, chars, level] = measure(arm, level, chars, plan.tokens)
+                    error = f", first error: {row['first_error']}" if row["errors"] else ""
+                    print(
+                        f"  {arm.name} {chars} chars {level} streams done{error}", file=sys.stderr
+                    )
     return rows
 
 
