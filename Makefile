@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean test-e2e vllm-venv tiny-model compare test-docker
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench test-e2e vllm-venv tiny-model compare test-docker
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
 # headless Chromium (status page).
@@ -21,6 +21,7 @@ help:
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
+	@echo "make bench         what the proxy costs: direct, nginx and whoseturn side by side (a few min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 
 $(STAMP): pyproject.toml
@@ -35,6 +36,14 @@ system-deps:
 	  echo "installing Debian packages: $(SYSTEM_DEPS)"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(SYSTEM_DEPS); \
 	fi
+
+# The overhead benchmark (docs/overhead.md): Debian's nginx is its floor arm.
+# LEVELS, PROMPT_CHARS: comma-separated concurrent streams and prompt sizes.
+LEVELS ?= 1,64,256,1024
+PROMPT_CHARS ?= 1000
+bench: $(STAMP)
+	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx; }
+	$(BIN)/python -m loadtests.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
 
 test: $(STAMP) system-deps
 	$(BIN)/pytest

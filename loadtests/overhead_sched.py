@@ -1,0 +1,71 @@
+"""The scheduler alone: time per dispatch decision with many queued batch jobs.
+
+A :class:`~proxy.scheduler.Scheduler` over ``engines`` engines (one model) gets
+``queued`` batch jobs of 1,000 prompt tokens and one first ``dispatch()`` (which
+admits what the budgets allow; the rest stays queued). Then, ``repeats`` times: one
+interactive job is submitted and ``dispatch()`` is called (the decision timed, both
+calls together, with ``time.perf_counter``), then the job finishes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from proxy.clock import VirtualClock
+from proxy.config import EngineConfig
+from proxy.scheduler import Job, Scheduler, TrafficClass
+
+SIZES = ((4, 1000), (64, 1000), (64, 3000), (16, 10000), (64, 10000))
+
+
+def decision_times(engines: int, queued: int, repeats: int = 30) -> tuple[list[float], int]:
+    """Seconds per interactive submit + dispatch, sorted; and the batch jobs still queued."""
+    clock = VirtualClock()
+    configs = [EngineConfig(name=f"e{i}", models=frozenset({"m"})) for i in range(engines)]
+    scheduler = Scheduler(configs, clock)
+    for i in range(queued):
+        scheduler.submit(
+            Job(
+                id=f"b{i}",
+                cls=TrafficClass.BATCH,
+                model="m",
+                prompt_tokens=1000,
+                arrival=clock.now(),
+            )
+        )
+    scheduler.dispatch()
+    waiting = len(scheduler.queues[TrafficClass.BATCH])
+    times = []
+    for i in range(repeats):
+        job = Job(
+            id=f"i{i}",
+            cls=TrafficClass.INTERACTIVE,
+            model="m",
+            prompt_tokens=100,
+            arrival=clock.now(),
+        )
+        start = time.perf_counter()
+        scheduler.submit(job)
+        scheduler.dispatch()
+        times.append(time.perf_counter() - start)
+        scheduler.on_finished(job.id)
+    return sorted(times), waiting
+
+
+def sched_table(sizes: tuple[tuple[int, int], ...] = SIZES) -> str:
+    """A Markdown table of decision time p50/p99 (µs) per (engines, queued jobs)."""
+    lines = [
+        "| engines | batch jobs submitted | still queued | decision p50 µs | decision p99 µs |",
+        "|---|---|---|---|---|",
+    ]
+    for engines, queued in sizes:
+        times, waiting = decision_times(engines, queued)
+        p50, p99 = times[len(times) // 2], times[int(0.99 * len(times))]
+        lines.append(
+            f"| {engines} | {queued:,} | {waiting:,} | {p50 * 1e6:,.0f} | {p99 * 1e6:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(sched_table())
