@@ -19,8 +19,6 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from loadtests.harness import direct_route, proxy_route
 from loadtests.runs import ArmResult, finish, run_plan
 from loadtests.workload_file import WorkloadError, load_workload
@@ -66,6 +64,8 @@ def run_loadtest(args: argparse.Namespace) -> int:
         return 2
     out = args.out / f"{workload.name}-{dt.datetime.now().strftime('%Y-%m-%d-%H%M%S')}"
     out.mkdir(parents=True)
+    from rich.console import Console  # the bench's commands parse without rich
+
     console = Console()
     target = args.target.rstrip("/")
     arms: dict[str, ArmResult] = {}

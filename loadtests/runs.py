@@ -17,11 +17,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from rich.console import Console
-from rich.live import Live
 
 from loadtests import plots
 from loadtests.harness import ArmRun, Route, new_run, run_arm
@@ -30,6 +28,9 @@ from loadtests.report import ms, side_by_side, write_records, write_report, writ
 from loadtests.workload_file import Workload
 
 SAMPLE_INTERVAL_S = 0.5
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass
@@ -190,6 +191,8 @@ async def _progress(
     if not console.is_terminal:
         yield
         return
+    from rich.live import Live  # the bench's commands parse without rich
+
     with Live(console=console, refresh_per_second=4, transient=True) as live:
 
         async def refresh() -> None:

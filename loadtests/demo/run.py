@@ -14,8 +14,6 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from loadtests.demo.setup import ENGINE_FLAGS, PROXY_SETTINGS, servers
 from loadtests.harness import direct_route, proxy_route
 from loadtests.runs import ArmResult, finish, run_plan
@@ -67,6 +65,8 @@ def run_demo(args: argparse.Namespace) -> int:
     workload = demo_workload(args.duration, args.warmup)
     out = args.out / dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     out.mkdir(parents=True)
+    from rich.console import Console  # the bench's commands parse without rich
+
     console = Console()
     arms: dict[str, ArmResult] = {}
     commands: dict[str, list[list[str]]] = {}

@@ -45,6 +45,34 @@ def test_serve_path_loads_no_bench_module() -> None:
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
 
 
+BENCH_PARSE = """
+import sys
+
+class DevExtrasAbsent:
+    # as in an install without .[dev]: importing rich or matplotlib fails
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rich", "matplotlib"):
+            raise ImportError(name + " is not installed")
+        return None
+
+sys.meta_path.insert(0, DevExtrasAbsent())
+from loadtests.cli import parse
+for command, argv in [("sim", ["--port", "1"]), ("demo", []), ("probe", ["--engine", "u"]),
+                      ("loadtest", ["w.yaml", "--target", "u"])]:
+    parse(command, argv)
+print("parsed")
+"""
+
+
+def test_bench_commands_parse_without_the_dev_extras() -> None:
+    # The image installs the runtime dependencies only and runs `whoseturn sim`:
+    # parsing any bench command must not import what only `.[dev]` brings.
+    done = subprocess.run(
+        [sys.executable, "-c", BENCH_PARSE], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "parsed", done.stdout
+
+
 def help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
