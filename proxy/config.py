@@ -26,6 +26,8 @@ typo stops the proxy at start rather than at the first request. Example file::
         batch_max_inflight: 64
         kv_high_watermark: 0.9
         budget: {initial_tokens: 8192, min_tokens: 512, max_tokens: 65536}
+        piecing: off              # on / auto: prefill long batch prompts in pieces
+        piece_tokens: 512         # the first piece's size (docs/scheduling.md)
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
@@ -122,6 +124,10 @@ class EngineConfig:
     - ``kv_high_watermark``: no batch admission while the engine reports KV-cache
       usage at or above this fraction.
     - ``models``: the models it serves (empty: discovered from the engine).
+    - ``piecing``: prefill long batch prompts in pieces over the engine's prefix
+      cache (``off``, ``on``, ``auto``: when the engine reports prefix caching on);
+      ``piece_tokens``: the first piece's size, before the engine's cost is known
+      (see docs/scheduling.md).
     """
 
     name: str
@@ -132,8 +138,12 @@ class EngineConfig:
     batch_max_inflight: int = 64
     kv_high_watermark: float = 0.9
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    piecing: str = "off"
+    piece_tokens: int = 512
 
     def __post_init__(self) -> None:
+        _check(self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto")
+        _check(self.piece_tokens >= 1, "piece_tokens", "must be at least 1")
         _check(
             self.scheduling_policy in ("fcfs", "priority"),
             "scheduling_policy",

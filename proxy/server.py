@@ -31,6 +31,7 @@ import httpx
 
 from proxy.admission import Admission
 from proxy.api.forward import Forwarder
+from proxy.api.pieces import Piecer
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
 from proxy.batch import BatchAPI, build_batch
@@ -94,7 +95,10 @@ async def build(
     counter = PromptCounter(pool, admission.engines_up_for)
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
-    forwarder = Forwarder(settings, pool, monitor, services)
+    pieces = Piecer(
+        list(settings.engines), pool, admission, clock, metrics.registry, _piece_target(settings)
+    )
+    forwarder = Forwarder(settings, pool, monitor, services, pieces)
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
     )
@@ -102,6 +106,13 @@ async def build(
         settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
     )
     return state
+
+
+def _piece_target(settings: Settings) -> float:
+    """How long one piece may keep an engine busy: what the budget loop aims at for
+    the tighter of the two targets (a chat waits for at most one piece)."""
+    aim = settings.engines[0].budget.aim if settings.engines else 0.8
+    return aim * min(settings.ttft_target_s, settings.gap_target_s)
 
 
 async def _tick(admission: Admission) -> None:
@@ -130,6 +141,8 @@ async def _discover_late(state: ProxyState) -> None:
 async def startup(state: ProxyState) -> None:
     """One round of health checks and load scrapes, then the background loops."""
     await state.monitor.check_once()
+    if state.forwarder.pieces is not None:
+        await state.forwarder.pieces.discover()
     state.tasks = [
         asyncio.create_task(state.monitor.run(), name="whoseturn-monitor"),
         asyncio.create_task(_tick(state.admission), name="whoseturn-tick"),

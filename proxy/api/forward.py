@@ -32,6 +32,7 @@ from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import StartWatch
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
+from proxy.api.pieces import Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
@@ -100,12 +101,18 @@ class Forwarder:
     engine's answer."""
 
     def __init__(
-        self, settings: Settings, pool: EnginePool, monitor: EngineMonitor, services: Services
+        self,
+        settings: Settings,
+        pool: EnginePool,
+        monitor: EngineMonitor,
+        services: Services,
+        pieces: Piecer | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.monitor = monitor
         self.services = services
+        self.pieces = pieces
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
         arrival = self.services.clock.now()
@@ -147,17 +154,21 @@ class Forwarder:
                 self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
             raise error
 
-    async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
-        """The job's next dispatch: queued first, or requeued after a failure."""
+    async def _wait(self, ticket: Ticket, retried: bool, pieced: Pieced | None) -> Admitted:
+        """The job's next dispatch: queued first (as its first piece, if ``pieced``),
+        or requeued after a failure; a pieced prompt's pieces are sent on the way."""
         admission, req = self.services.admission, ticket.req
         try:
             if retried:
                 return await admission.readmit(ticket.id)
+            tokens = ticket.count.tokens if pieced is None else pieced.piece.new_tokens
             job = Job(
-                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=ticket.count.tokens,
-                arrival=ticket.arrival, affinity=req.affinity,
+                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=tokens,
+                arrival=ticket.arrival, affinity=req.affinity, piece=int(pieced is not None),
             )  # fmt: skip
             admitted = await admission.admit(job)
+            if pieced is not None and self.pieces is not None:
+                admitted = await self.pieces.prefill(ticket, admitted, pieced)
         except Closed:
             self._count(ticket, "", "rejected")  # queued when the drain began
             raise shutting_down() from None
@@ -170,8 +181,11 @@ class Forwarder:
     async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere
         while no byte has reached the client."""
+        pieced = None
+        if not retried and self.pieces is not None:
+            pieced = await self.pieces.prepare(ticket)
         while True:
-            admitted = await self._wait(ticket, retried)
+            admitted = await self._wait(ticket, retried, pieced)
             retried = True
             client = self.pool.client_for(admitted.engine)
             body = ticket.req.body_for(client.config.scheduling_policy)

@@ -22,9 +22,16 @@ def wants_text(request: Request) -> bool:
     return "text/plain" in accept and "application/json" not in accept
 
 
-def turn_body(admission: Admission) -> dict[str, Any]:
-    """Whose turn it is on each engine, as of now (a read: the scheduler does not run)."""
-    return {"time": time.time(), "engines": admission.report()}
+def turn_body(
+    admission: Admission, pieces: dict[str, dict[str, object]] | None = None
+) -> dict[str, Any]:
+    """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
+    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`)."""
+    engines = admission.report()
+    for entry in engines:
+        if pieces is not None and entry.get("engine") in pieces:
+            entry["piecing"] = pieces[entry["engine"]]
+    return {"time": time.time(), "engines": engines}
 
 
 def _iso(epoch: float) -> str:
@@ -65,18 +72,24 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
                 "admitted": d.admitted,
                 "reason": d.reason.value if d.reason else None,
                 "budget": d.budget,
+                "piece": d.piece,
             }
             for d in decisions
         ],
     }
 
 
-def install_turn_routes(app: FastAPI, admission_of: Callable[[Request], Admission]) -> None:
-    """``admission_of(request)`` returns the running app's :class:`Admission`."""
+def install_turn_routes(
+    app: FastAPI,
+    admission_of: Callable[[Request], Admission],
+    pieces_of: Callable[[Request], dict[str, dict[str, object]] | None] = lambda _: None,
+) -> None:
+    """``admission_of(request)`` returns the running app's :class:`Admission`;
+    ``pieces_of(request)`` its engines' piecing facts, if it has any."""
 
     @app.get("/turn", response_model=None)
     async def turn(request: Request) -> Response:
-        body = turn_body(admission_of(request))
+        body = turn_body(admission_of(request), pieces_of(request))
         if wants_text(request):
             return PlainTextResponse("\n".join(sentence(e) for e in body["engines"]) + "\n")
         return JSONResponse(body)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController
+from proxy.scheduler.pieces import piece_in_prefill
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -67,8 +68,10 @@ class EngineState:
 
     def eligible(self, job: Job) -> bool:
         """Whether ``job`` may go to this engine: it serves the model, and the job
-        has not already failed here."""
-        return self.serves(job.model) and self.name not in job.excluded
+        has not already failed here, and is not pinned to another engine (the later
+        pieces of a pieced prompt)."""
+        pinned = job.pinned is None or job.pinned == self.name
+        return pinned and self.serves(job.model) and self.name not in job.excluded
 
     # -- work in flight --------------------------------------------------------
 
@@ -153,6 +156,8 @@ class EngineState:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM
+        if job.piece and piece_in_prefill(self.inflight.values(), job):
+            return HeldReason.PREFILL_BUDGET  # one piece at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
         in_prefill = self.prefill_tokens(counted)
         if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:

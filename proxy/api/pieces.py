@@ -1,0 +1,265 @@
+"""The I/O of piecing: a long batch prompt prefilled as requests over growing prefixes.
+
+The arithmetic and the per-engine facts are pure (:mod:`proxy.scheduler.pieces`);
+this module does what needs the network, for :class:`proxy.api.forward.Forwarder`:
+
+- :meth:`Piecer.discover`: each engine's ``vllm:cache_config_info`` (prefix caching
+  on or off, the block size) decides whether piecing is on there (``auto``), and
+  is logged for the operator.
+- :meth:`Piecer.prepare`: a batch request whose prompt is longer than one piece,
+  for a model every up engine of which pieces, is tokenized to its ids by the
+  engine (``/tokenize``; with ``messages`` through the chat template, so the
+  client's own request later finds the same tokens in the cache).
+- :meth:`Piecer.prefill`: once the scheduler admitted the first piece, each piece
+  is sent as token ids to ``/v1/completions`` with ``max_tokens: 1`` (the answer
+  is discarded) and its ``cached_tokens`` checked; then the job goes back to the
+  scheduler as its next piece (pinned to the engine), which admits it like any
+  batch work: within the budget, after any chat in prefill. It returns the final
+  admission, on which the forwarder sends the client's real request.
+
+A piece that finds fewer cached tokens than its earlier pieces put there (or an
+engine that does not report them) turns piecing off on that engine and the
+prompt goes whole from there on; a piece that fails on the engine sends the
+prompt whole too. Neither loses the request or answers it twice: pieces produce
+no answer, and the real request is sent exactly once per admission.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from proxy.admission import Admission, Admitted
+from proxy.api.relay import Ticket
+from proxy.api.sse import SSEReader
+from proxy.clock import Clock
+from proxy.config import EngineConfig
+from proxy.engines import EngineClient, EnginePool, UpstreamError
+from proxy.scheduler import TrafficClass
+from proxy.scheduler.pieces import (
+    ADVICE,
+    EnginePieces,
+    Piece,
+    PiecingMode,
+    cache_held,
+    next_piece,
+)
+
+logger = logging.getLogger(__name__)
+PIECE_TIMEOUT_S = 120.0
+
+
+class PieceMetrics:
+    """``whoseturn_prefill_pieces_total{engine}`` and its companions."""
+
+    def __init__(self, registry: CollectorRegistry, engines: list[str]) -> None:
+        self.pieces = Counter(
+            "whoseturn_prefill_pieces",
+            "Prefix pieces of long batch prompts sent to an engine",
+            ["engine"],
+            registry=registry,
+        )
+        self.prompts = Counter(
+            "whoseturn_prefill_pieced_prompts",
+            "Batch prompts sent whole after their pieces (the real request)",
+            ["engine"],
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "whoseturn_prefill_piece_fallbacks",
+            "Pieced prompts sent whole early: the cache did not hold, or a piece failed",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        for name in engines:
+            self.pieces.labels(name)
+            self.prompts.labels(name)
+            for reason in ("cache_miss", "piece_failed"):
+                self.fallbacks.labels(name, reason)
+
+
+@dataclass
+class Pieced:
+    """A prompt to be sent in pieces: its token ids, and the piece next to admit."""
+
+    ids: list[int]
+    piece: Piece
+
+
+class Piecer:
+    def __init__(
+        self,
+        engines: list[EngineConfig],
+        pool: EnginePool,
+        admission: Admission,
+        clock: Clock,
+        registry: CollectorRegistry,
+        target_s: float,
+    ) -> None:
+        self.pool = pool
+        self.admission = admission
+        self.clock = clock
+        self.board = {
+            e.name: EnginePieces(
+                mode=PiecingMode(e.piecing), initial_tokens=e.piece_tokens, target_s=target_s
+            )
+            for e in engines
+        }
+        self._discovered: set[str] = set()
+        self.metrics = PieceMetrics(registry, [e.name for e in engines])
+
+    @property
+    def active(self) -> bool:
+        return any(p.mode is not PiecingMode.OFF for p in self.board.values())
+
+    # -- discovery -------------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Ask every engine that may piece what its cache config is (once each)."""
+        for name, facts in self.board.items():
+            if facts.mode is PiecingMode.OFF:
+                facts.discovered(None, None)
+            elif name not in self._discovered:
+                await self._discover(name, facts)
+
+    async def _discover(self, name: str, facts: EnginePieces) -> None:
+        try:
+            found = await self.pool.client_for(name).cache_facts()
+        except UpstreamError as exc:
+            facts.reason = f"not discovered yet: {exc}"
+            return
+        self._discovered.add(name)
+        facts.discovered(found.prefix_caching, found.block_size)
+        logger.info(
+            "engine %s: piecing %s (%s); block %d, first piece %d tokens. %s",
+            name, "on" if facts.enabled else "off", facts.reason,
+            facts.block_size, facts.piece_tokens, ADVICE,
+        )  # fmt: skip
+
+    def report(self) -> dict[str, dict[str, object]]:
+        """Each engine's piecing facts, for ``/turn``."""
+        return {name: facts.report() for name, facts in self.board.items()}
+
+    # -- the request path ------------------------------------------------------
+
+    async def prepare(self, ticket: Ticket) -> Pieced | None:
+        """The prompt's token ids and first piece, if ``ticket`` is to be pieced."""
+        req = ticket.req
+        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
+            return None
+        await self.discover()
+        up = self.admission.engines_up_for(req.model)
+        if not up or not all(self.board[name].enabled for name in up):
+            return None
+        facts = self.board[up[0]]
+        if ticket.count.tokens <= facts.piece_tokens:
+            return None
+        ids = await self._token_ids(self.pool.client_for(up[0]), ticket)
+        if ids is None or len(ids) <= facts.piece_tokens:
+            return None
+        return Pieced(ids, next_piece(len(ids), 0, facts.piece_tokens, facts.block_size))
+
+    async def _token_ids(self, client: EngineClient, ticket: Ticket) -> list[int] | None:
+        req = ticket.req
+        try:
+            if req.messages is not None:
+                return await client.token_ids(req.model, messages=req.messages)
+            if isinstance(req.prompt, str):
+                return await client.token_ids(req.model, prompt=req.prompt)
+        except (UpstreamError, ValueError) as exc:
+            logger.debug("%s: no token ids from %s, sent whole: %s", ticket.id, client.name, exc)
+            return None
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return list(prompt)
+        return None  # a list of prompts is several requests' worth: sent whole
+
+    async def prefill(self, ticket: Ticket, admitted: Admitted, pieced: Pieced) -> Admitted:
+        """Send the pieces before the final one, each on its admission; the
+        admission of the final request (the client's own). If the caller is
+        cancelled, the job is left to the caller's cleanup (it is in flight)."""
+        while not pieced.piece.final:
+            piece, engine = pieced.piece, admitted.engine
+            facts = self.board[engine]
+            if not facts.enabled:
+                return await self._whole(ticket, pieced, None, engine)
+            try:
+                cached, seconds = await self._send(ticket, admitted, pieced.ids[: piece.end])
+            except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
+                logger.warning("%s: piece %d failed on %s: %s", ticket.id, piece.index, engine, exc)
+                return await self._whole(ticket, pieced, "piece_failed", engine)
+            except BaseException:
+                self.admission.abandon(ticket.id)  # cancelled while its piece ran
+                raise
+            self.metrics.pieces.labels(engine).inc()
+            if not cache_held(piece.cached, cached):
+                facts.disable(_miss(piece, cached))
+                logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
+                return await self._whole(ticket, pieced, "cache_miss", engine)
+            facts.observe(piece.new_tokens, seconds)
+            size, block = facts.piece_tokens, facts.block_size
+            after = next_piece(len(pieced.ids), piece.end, size, block, piece.index + 1)
+            pieced.piece = after
+            admitted = await self.admission.next_piece(ticket.id, after.new_tokens, pin=True)
+        facts = self.board[admitted.engine]
+        facts.pieced_prompts += 1
+        self.metrics.prompts.labels(admitted.engine).inc()
+        return admitted
+
+    async def _whole(
+        self, ticket: Ticket, pieced: Pieced, reason: str | None, engine: str
+    ) -> Admitted:
+        """Give up piecing this prompt: it goes back to the scheduler whole, free to
+        go to any engine."""
+        if reason is not None:
+            self.metrics.fallbacks.labels(engine, reason).inc()
+        pieced.piece = Piece(pieced.piece.index, len(pieced.ids), 0, final=True)
+        return await self.admission.next_piece(ticket.id, len(pieced.ids), pin=False)
+
+    async def _send(
+        self, ticket: Ticket, admitted: Admitted, ids: list[int]
+    ) -> tuple[int | None, float]:
+        """One piece: its ``cached_tokens`` (None: not reported) and its seconds."""
+        client = self.pool.client_for(admitted.engine)
+        body: dict[str, Any] = {
+            "model": ticket.req.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if client.config.scheduling_policy == "priority":
+            body["priority"] = ticket.req.cls.engine_priority
+        start = self.clock.now()
+        usage: dict[str, Any] = {}
+        with anyio.fail_after(PIECE_TIMEOUT_S):
+            async with client.stream("/v1/completions", body) as response:
+                reader = SSEReader()
+                async for chunk in response.aiter_raw():
+                    for event in reader.feed(chunk):
+                        if event.data is not None and isinstance(event.data.get("usage"), dict):
+                            usage = event.data["usage"]
+        return _cached(usage), self.clock.now() - start
+
+
+def _cached(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+
+
+def _miss(piece: Piece, cached: int | None) -> str:
+    if cached is None:
+        return (
+            "the engine does not report cached_tokens, so pieces cannot be checked "
+            "(start it with --enable-prompt-tokens-details)"
+        )
+    return (
+        f"the cache did not hold: piece {piece.index} found {cached} of "
+        f"{piece.cached} tokens cached (evicted, or prefix caching off)"
+    )
