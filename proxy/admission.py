@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler
+from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import turn_report
 
@@ -191,6 +191,10 @@ class Admission:
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
+
+    def interactive_streams(self, engine: str) -> int:
+        """Interactive streams decoding on ``engine`` now."""
+        return self._scheduler.engines[engine].decode_streams(TrafficClass.INTERACTIVE)
 
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""

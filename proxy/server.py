@@ -95,9 +95,11 @@ async def build(
     counter = PromptCounter(pool, admission.engines_up_for)
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
+    aim = settings.engines[0].budget.aim if settings.engines else 0.8
     pieces = Piecer(
-        list(settings.engines), pool, admission, clock, metrics.registry, _piece_target(settings)
-    )
+        list(settings.engines), pool, admission, clock, metrics.registry,
+        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s / 2,
+    )  # fmt: skip
     forwarder = Forwarder(settings, pool, monitor, services, pieces)
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
@@ -106,13 +108,6 @@ async def build(
         settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
     )
     return state
-
-
-def _piece_target(settings: Settings) -> float:
-    """How long one piece may keep an engine busy: what the budget loop aims at for
-    the tighter of the two targets (a chat waits for at most one piece)."""
-    aim = settings.engines[0].budget.aim if settings.engines else 0.8
-    return aim * min(settings.ttft_target_s, settings.gap_target_s)
 
 
 async def _tick(admission: Admission) -> None:

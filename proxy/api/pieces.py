@@ -100,13 +100,17 @@ class Piecer:
         clock: Clock,
         registry: CollectorRegistry,
         target_s: float,
+        idle_target_s: float,
     ) -> None:
         self.pool = pool
         self.admission = admission
         self.clock = clock
         self.board = {
             e.name: EnginePieces(
-                mode=PiecingMode(e.piecing), initial_tokens=e.piece_tokens, target_s=target_s
+                mode=PiecingMode(e.piecing),
+                initial_tokens=e.piece_tokens,
+                target_s=target_s,
+                idle_target_s=idle_target_s,
             )
             for e in engines
         }
@@ -202,7 +206,8 @@ class Piecer:
                 logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
                 return await self._whole(ticket, pieced, "cache_miss", engine)
             facts.observe(piece.new_tokens, seconds)
-            size, block = facts.piece_tokens, facts.block_size
+            streams = self.admission.interactive_streams(engine) > 0
+            size, block = facts.piece_tokens_for(streams=streams), facts.block_size
             after = next_piece(len(pieced.ids), piece.end, size, block, piece.index + 1)
             pieced.piece = after
             admitted = await self.admission.next_piece(ticket.id, after.new_tokens, pin=True)

@@ -30,6 +30,7 @@ prefill; the pieces of one prompt are pinned to one engine (``Job.pinned``).
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -117,9 +118,16 @@ class EnginePieces:
     """Piecing on one engine: whether it is on and why, and what was learned.
 
     ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
-    prompt token (:meth:`observe`): a piece should take about ``target_s``, the
-    part of the chat targets one piece may use. ``block_size`` comes from the
+    prompt token (:meth:`observe`): a piece should keep the engine busy for about
+    ``target_s`` (the part of the gap target one step may use) while chat streams
+    decode there, ``idle_target_s`` (half the TTFT aim: a new chat waits for at most
+    one piece, then its own prefill) while none do. ``block_size`` comes from the
     engine's ``vllm:cache_config_info`` where it says.
+
+    The cost is the least seconds per token of the last ``window`` pieces: each
+    piece's time from send to answer is its engine time plus what it waited for
+    (a chat, a decode step, the round trip), so each is an upper bound of the
+    engine's cost and the least is the tightest.
     """
 
     mode: PiecingMode
@@ -127,6 +135,7 @@ class EnginePieces:
     min_tokens: int = 256
     max_tokens: int = 2048
     target_s: float = 0.08
+    idle_target_s: float = 0.12
     block_size: int = 16
     enabled: bool = False
     reason: str = "not discovered yet"
@@ -134,17 +143,23 @@ class EnginePieces:
     pieces: int = 0
     pieced_prompts: int = 0
     fallbacks: int = 0
-    weight: float = 0.3
+    window: int = 16
     history: list[str] = field(default_factory=list)
+    _costs: deque[float] = field(default_factory=deque)
 
     @property
     def piece_tokens(self) -> int:
+        """The next piece's size while chat streams decode on the engine."""
+        return self.piece_tokens_for(streams=True)
+
+    def piece_tokens_for(self, *, streams: bool) -> int:
+        """The next piece's size, with chat streams decoding on the engine or not."""
         if self.seconds_per_token is None:
             return aligned(self.initial_tokens, self.block_size)
+        target = self.target_s if streams else self.idle_target_s
         return piece_size(
-            self.seconds_per_token, self.target_s, self.block_size,
-            self.min_tokens, self.max_tokens,
-        )  # fmt: skip
+            self.seconds_per_token, target, self.block_size, self.min_tokens, self.max_tokens
+        )
 
     def discovered(self, prefix_caching: bool | None, block_size: int | None) -> None:
         """What the engine's ``/metrics`` said (None: it did not say)."""
@@ -166,9 +181,10 @@ class EnginePieces:
         self.pieces += 1
         if new_tokens < 1 or seconds <= 0:
             return
-        seen = seconds / new_tokens
-        old = self.seconds_per_token
-        self.seconds_per_token = seen if old is None else old + self.weight * (seen - old)
+        self._costs.append(seconds / new_tokens)
+        while len(self._costs) > self.window:
+            self._costs.popleft()
+        self.seconds_per_token = min(self._costs)
 
     def disable(self, reason: str) -> None:
         """The cache did not hold (or cannot be checked): piecing stops here."""
