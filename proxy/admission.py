@@ -74,16 +74,6 @@ class Admission:
             future = self._hold_place(job_id)
         return await self._wait(job_id, future, None)
 
-    async def next_piece(self, job_id: str, prompt_tokens: int, *, pin: bool) -> Admitted:
-        """A piece of a pieced prompt is done: queue the job's next piece (see
-        :meth:`Scheduler.next_piece`) and return its dispatch; :class:`Closed` while
-        draining (the job leaves the scheduler)."""
-        if self.closed or not self._scheduler.next_piece(job_id, prompt_tokens, pin=pin):
-            self.abandon(job_id)
-            raise Closed
-        future = self._hold_place(job_id)
-        return await self._wait(job_id, future, None)
-
     async def _wait(
         self, job_id: str, future: asyncio.Future[Admitted], new: Job | None
     ) -> Admitted:

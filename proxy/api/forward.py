@@ -32,7 +32,7 @@ from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import StartWatch
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
-from proxy.api.pieces import Pieced, Piecer
+from proxy.api.pieces import Final, Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
@@ -155,20 +155,21 @@ class Forwarder:
             raise error
 
     async def _wait(self, ticket: Ticket, retried: bool, pieced: Pieced | None) -> Admitted:
-        """The job's next dispatch: queued first (as its first piece, if ``pieced``),
-        or requeued after a failure; a pieced prompt's pieces are sent on the way."""
+        """The job's next dispatch: queued first (after its pieces, if ``pieced``),
+        or requeued after a failure."""
         admission, req = self.services.admission, ticket.req
         try:
             if retried:
                 return await admission.readmit(ticket.id)
-            tokens = ticket.count.tokens if pieced is None else pieced.piece.new_tokens
+            final = Final(ticket.count.tokens, None, 0)
+            if pieced is not None and self.pieces is not None:
+                final = await self.pieces.prefill(ticket, pieced)
             job = Job(
-                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=tokens,
-                arrival=ticket.arrival, affinity=req.affinity, piece=int(pieced is not None),
+                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
+                arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
+                piece=final.piece,
             )  # fmt: skip
             admitted = await admission.admit(job)
-            if pieced is not None and self.pieces is not None:
-                admitted = await self.pieces.prefill(ticket, admitted, pieced)
         except Closed:
             self._count(ticket, "", "rejected")  # queued when the drain began
             raise shutting_down() from None

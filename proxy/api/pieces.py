@@ -40,9 +40,10 @@ from proxy.api.sse import SSEReader
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.engines import EngineClient, EnginePool, UpstreamError
-from proxy.scheduler import TrafficClass
+from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.pieces import (
     ADVICE,
+    PIECE_DEPTH,
     EnginePieces,
     Piece,
     PiecingMode,
@@ -85,10 +86,20 @@ class PieceMetrics:
 
 @dataclass
 class Pieced:
-    """A prompt to be sent in pieces: its token ids, and the piece next to admit."""
+    """A prompt to be sent in pieces: its token ids, and its first piece."""
 
     ids: list[int]
     piece: Piece
+
+
+@dataclass(frozen=True)
+class Final:
+    """The client's own request after its pieces: its ``tokens`` to prefill, the
+    ``engine`` it is pinned to (None: anywhere, sent whole) and its piece number."""
+
+    tokens: int
+    engine: str | None
+    piece: int
 
 
 class Piecer:
@@ -183,53 +194,92 @@ class Piecer:
             return list(prompt)
         return None  # a list of prompts is several requests' worth: sent whole
 
-    async def prefill(self, ticket: Ticket, admitted: Admitted, pieced: Pieced) -> Admitted:
-        """Send the pieces before the final one, each on its admission; the
-        admission of the final request (the client's own). If the caller is
-        cancelled, the job is left to the caller's cleanup (it is in flight)."""
-        while not pieced.piece.final:
-            piece, engine = pieced.piece, admitted.engine
-            facts = self.board[engine]
-            if not facts.enabled:
-                return await self._whole(ticket, pieced, None, engine)
-            try:
-                cached, seconds = await self._send(ticket, admitted, pieced.ids[: piece.end])
-            except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
-                logger.warning("%s: piece %d failed on %s: %s", ticket.id, piece.index, engine, exc)
-                return await self._whole(ticket, pieced, "piece_failed", engine)
-            except BaseException:
-                self.admission.abandon(ticket.id)  # cancelled while its piece ran
-                raise
-            self.metrics.pieces.labels(engine).inc()
-            if not cache_held(piece.cached, cached):
-                facts.disable(_miss(piece, cached))
-                logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
-                return await self._whole(ticket, pieced, "cache_miss", engine)
-            facts.observe(piece.new_tokens, seconds)
-            streams = self.admission.interactive_streams(engine) > 0
-            size, block = facts.piece_tokens_for(streams=streams), facts.block_size
-            after = next_piece(len(pieced.ids), piece.end, size, block, piece.index + 1)
-            pieced.piece = after
-            admitted = await self.admission.next_piece(ticket.id, after.new_tokens, pin=True)
-        facts = self.board[admitted.engine]
-        facts.pieced_prompts += 1
-        self.metrics.prompts.labels(admitted.engine).inc()
-        return admitted
+    async def prefill(self, ticket: Ticket, pieced: Pieced) -> Final:
+        """Send every piece but the final, each on its own admission, at most
+        :data:`PIECE_DEPTH` in flight (piece ``k+1`` once piece ``k`` is in the
+        engine); when all are answered, what the client's own request is to be
+        admitted as. A piece's job leaves the scheduler when its answer is read,
+        or when the caller is cancelled."""
+        run = _Run(ticket, pieced, anyio.Semaphore(PIECE_DEPTH))
+        piece = pieced.piece
+        async with anyio.create_task_group() as group:
+            while not piece.final and run.failed is None:
+                await run.room.acquire()
+                if run.failed is not None or not self._may_go_on(run):
+                    run.room.release()
+                    break
+                admitted = await self.admission.admit(self._job(run, piece))
+                run.engine = admitted.engine
+                started = anyio.Event()
+                group.start_soon(self._piece, run, admitted, piece, run.answered, started)
+                await started.wait()
+                piece = self._after(run, piece)
+        return self._final(run, piece)
 
-    async def _whole(
-        self, ticket: Ticket, pieced: Pieced, reason: str | None, engine: str
-    ) -> Admitted:
-        """Give up piecing this prompt: it goes back to the scheduler whole, free to
-        go to any engine."""
-        if reason is not None:
-            self.metrics.fallbacks.labels(engine, reason).inc()
-        pieced.piece = Piece(pieced.piece.index, len(pieced.ids), 0, final=True)
-        return await self.admission.next_piece(ticket.id, len(pieced.ids), pin=False)
+    def _may_go_on(self, run: _Run) -> bool:
+        return run.engine is None or self.board[run.engine].enabled
+
+    def _job(self, run: _Run, piece: Piece) -> Job:
+        req = run.ticket.req
+        return Job(
+            id=f"{run.ticket.id}#{piece.index}", cls=req.cls, model=req.model,
+            prompt_tokens=piece.new_tokens, arrival=self.clock.now(), pinned=run.engine,
+            piece=piece.index,
+        )  # fmt: skip
+
+    def _after(self, run: _Run, piece: Piece) -> Piece:
+        assert run.engine is not None
+        facts = self.board[run.engine]
+        streams = self.admission.interactive_streams(run.engine) > 0
+        size, block = facts.piece_tokens_for(streams=streams), facts.block_size
+        return next_piece(len(run.pieced.ids), piece.end, size, block, piece.index + 1)
+
+    def _final(self, run: _Run, piece: Piece) -> Final:
+        """The client's request: the last piece pinned where the others are, or the
+        whole prompt anywhere if piecing stopped (or that engine went down)."""
+        total = len(run.pieced.ids)
+        up = run.engine in self.admission.engines_up_for(run.ticket.req.model)
+        if run.failed is not None or not piece.final or not up or run.engine is None:
+            if run.failed is not None and run.engine is not None:
+                self.metrics.fallbacks.labels(run.engine, run.failed).inc()
+            return Final(total, None, piece.index)
+        self.board[run.engine].pieced_prompts += 1
+        self.metrics.prompts.labels(run.engine).inc()
+        return Final(piece.new_tokens, run.engine, piece.index)
+
+    async def _piece(
+        self, run: _Run, admitted: Admitted, piece: Piece, answered: int, started: anyio.Event
+    ) -> None:
+        """Send one piece and check what it found cached: at least the pieces
+        ``answered`` before it was sent (fewer: the cache did not hold)."""
+        engine, facts = admitted.engine, self.board[admitted.engine]
+        try:
+            ids = run.pieced.ids[: piece.end]
+            cached, sent = await self._send(run.ticket, admitted, ids, started)
+        except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
+            logger.warning("%s: piece %d failed on %s: %s", run.ticket.id, piece.index, engine, exc)
+            run.failed = run.failed or "piece_failed"
+            return
+        finally:
+            started.set()
+            self.admission.finished(admitted.job_id)
+            run.room.release()
+        self.metrics.pieces.labels(engine).inc()
+        done = self.clock.now()
+        if not cache_held(answered, cached):
+            run.failed = "cache_miss"
+            if facts.enabled:
+                facts.disable(_miss(piece, answered, cached))
+                logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
+            return
+        facts.observe(piece.new_tokens, done - max(sent, run.answered_at))
+        run.answered, run.answered_at = max(run.answered, piece.end), done
 
     async def _send(
-        self, ticket: Ticket, admitted: Admitted, ids: list[int]
+        self, ticket: Ticket, admitted: Admitted, ids: list[int], started: anyio.Event
     ) -> tuple[int | None, float]:
-        """One piece: its ``cached_tokens`` (None: not reported) and its seconds."""
+        """One piece: its ``cached_tokens`` (None: not reported), and when it was
+        sent; ``started`` is set once the engine has begun to answer."""
         client = self.pool.client_for(admitted.engine)
         body: dict[str, Any] = {
             "model": ticket.req.model,
@@ -240,16 +290,32 @@ class Piecer:
         }
         if client.config.scheduling_policy == "priority":
             body["priority"] = ticket.req.cls.engine_priority
-        start = self.clock.now()
+        sent = self.clock.now()
         usage: dict[str, Any] = {}
         with anyio.fail_after(PIECE_TIMEOUT_S):
             async with client.stream("/v1/completions", body) as response:
+                started.set()
                 reader = SSEReader()
                 async for chunk in response.aiter_raw():
                     for event in reader.feed(chunk):
                         if event.data is not None and isinstance(event.data.get("usage"), dict):
                             usage = event.data["usage"]
-        return _cached(usage), self.clock.now() - start
+        return _cached(usage), sent
+
+
+@dataclass
+class _Run:
+    """One prompt's pieces under way: the engine they are pinned to, the end of the
+    pieces answered (and when), the room for pieces in flight, and why piecing
+    stopped (``cache_miss``, ``piece_failed``; None: it did not)."""
+
+    ticket: Ticket
+    pieced: Pieced
+    room: anyio.Semaphore
+    engine: str | None = None
+    answered: int = 0
+    answered_at: float = 0.0
+    failed: str | None = None
 
 
 def _cached(usage: dict[str, Any]) -> int | None:
@@ -258,7 +324,7 @@ def _cached(usage: dict[str, Any]) -> int | None:
     return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
-def _miss(piece: Piece, cached: int | None) -> str:
+def _miss(piece: Piece, expected: int, cached: int | None) -> str:
     if cached is None:
         return (
             "the engine does not report cached_tokens, so pieces cannot be checked "
@@ -266,5 +332,5 @@ def _miss(piece: Piece, cached: int | None) -> str:
         )
     return (
         f"the cache did not hold: piece {piece.index} found {cached} of "
-        f"{piece.cached} tokens cached (evicted, or prefix caching off)"
+        f"{expected} tokens cached (evicted, or prefix caching off)"
     )

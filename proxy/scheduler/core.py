@@ -241,23 +241,6 @@ class Scheduler:
         self._end(now)
         return requeued
 
-    def next_piece(self, job_id: str, prompt_tokens: int, *, pin: bool) -> bool:
-        """A piece of a pieced prompt is done (:mod:`proxy.scheduler.pieces`): the job
-        goes back to the head of its queue as its next piece, of ``prompt_tokens``
-        new tokens, pinned to the engine that holds its earlier pieces (``pin``) or
-        free to go anywhere (the cache did not hold). False if it is not in flight."""
-        job = self.jobs.get(job_id)
-        if job is None or job.engine is None:
-            return False
-        now = self._begin()
-        self.engines[job.engine].inflight.pop(job.id, None)
-        job.pinned = job.engine if pin else None
-        job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
-        job.prompt_tokens, job.piece = prompt_tokens, job.piece + 1
-        self.queues[job.cls].appendleft(job)
-        self._end(now)
-        return True
-
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
         """Replace the models an engine serves (found by discovery)."""
         now = self._begin()

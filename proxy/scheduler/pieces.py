@@ -22,9 +22,13 @@ cached (:func:`cache_held`). When it does not (evicted, prefix caching off, an
 engine that does not report ``cached_tokens``) the engine's :class:`EnginePieces`
 turns piecing off there and says why.
 
-The scheduler admits one piece at a time per engine (:func:`piece_in_prefill`),
-each as batch work of its new tokens, within the budget and after any chat in
-prefill; the pieces of one prompt are pinned to one engine (``Job.pinned``).
+Each piece is a batch job of its own new tokens, which the scheduler admits
+within the budget and after any chat in prefill, at most :data:`PIECE_DEPTH` in
+prefill per engine (:func:`pieces_in_prefill`); a prompt's later pieces and its
+final request are pinned to the engine of its first (``Job.pinned``). Piece
+``k+1`` is sent once piece ``k`` is in the engine, so it finds ``k`` cached if
+the engine runs them in order; it must find at least the pieces already
+answered.
 """
 
 from __future__ import annotations
@@ -90,12 +94,17 @@ def plan(total: int, size: int, block: int) -> list[Piece]:
     return pieces
 
 
-def piece_in_prefill(inflight: Iterable[Job], job: Job) -> bool:
-    """Whether a piece other than ``job`` is in prefill among ``inflight``: an engine
-    runs one piece at a time. It packs whatever prefill it has queued into its next
-    step, so two pieces in flight make a chat (or a stream's next token) wait for
-    both; one keeps the wait to one piece."""
-    return any(j.piece and j.phase is Phase.PREFILL and j is not job for j in inflight)
+PIECE_DEPTH = 2
+"""Pieces in prefill at once on one engine: the next piece waits in the engine while
+one runs, so the engine never idles for the proxy's round trip between pieces."""
+
+
+def pieces_in_prefill(inflight: Iterable[Job]) -> int:
+    """The pieces in prefill among ``inflight``. An engine packs whatever prefill it
+    has queued into its next step, so a chat (or a stream's next token) waits for
+    every piece in the engine: at most :data:`PIECE_DEPTH`, of half the time one
+    step may take each."""
+    return sum(1 for j in inflight if j.piece and j.phase is Phase.PREFILL)
 
 
 def cache_held(expected: int, reported: int | None) -> bool:
@@ -118,11 +127,11 @@ class EnginePieces:
     """Piecing on one engine: whether it is on and why, and what was learned.
 
     ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
-    prompt token (:meth:`observe`): a piece should keep the engine busy for about
-    ``target_s`` (the part of the gap target one step may use) while chat streams
-    decode there, ``idle_target_s`` (half the TTFT aim: a new chat waits for at most
-    one piece, then its own prefill) while none do. ``block_size`` comes from the
-    engine's ``vllm:cache_config_info`` where it says.
+    prompt token (:meth:`observe`): the :data:`PIECE_DEPTH` pieces in the engine
+    together should keep it busy for about ``target_s`` (the part of the gap target
+    one step may use) while chat streams decode there, ``idle_target_s`` (half the
+    TTFT aim: a new chat waits for the pieces, then its own prefill) while none do.
+    ``block_size`` comes from the engine's ``vllm:cache_config_info`` where it says.
 
     The cost is the least seconds per token of the last ``window`` pieces: each
     piece's time from send to answer is its engine time plus what it waited for
@@ -156,7 +165,7 @@ class EnginePieces:
         """The next piece's size, with chat streams decoding on the engine or not."""
         if self.seconds_per_token is None:
             return aligned(self.initial_tokens, self.block_size)
-        target = self.target_s if streams else self.idle_target_s
+        target = (self.target_s if streams else self.idle_target_s) / PIECE_DEPTH
         return piece_size(
             self.seconds_per_token, target, self.block_size, self.min_tokens, self.max_tokens
         )

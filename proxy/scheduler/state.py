@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController
-from proxy.scheduler.pieces import piece_in_prefill
+from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -156,8 +156,8 @@ class EngineState:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM
-        if job.piece and piece_in_prefill(self.inflight.values(), job):
-            return HeldReason.PREFILL_BUDGET  # one piece at a time (scheduler.pieces)
+        if job.piece and pieces_in_prefill(self.inflight.values()) >= PIECE_DEPTH:
+            return HeldReason.PREFILL_BUDGET  # two pieces at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
         in_prefill = self.prefill_tokens(counted)
         if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:

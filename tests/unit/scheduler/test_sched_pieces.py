@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.scheduler import HeldReason, Phase
+from proxy.scheduler import HeldReason, Job
 from proxy.scheduler.pieces import (
     EnginePieces,
     Piece,
@@ -95,8 +95,9 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     facts = EnginePieces(mode=PiecingMode.ON, initial_tokens=500, target_s=0.08, window=4)
     facts.discovered(True, 16)
     assert facts.piece_tokens == 496 and facts.seconds_per_token is None
-    facts.observe(400, 0.04)  # 0.1 ms a token: 800 tokens fit in 0.08 s
-    assert facts.piece_tokens == 800 and facts.pieces == 1
+    # 0.1 ms a token: two pieces in the engine must fit in 0.08 s, 400 tokens each
+    facts.observe(400, 0.04)
+    assert facts.piece_tokens == 400 and facts.pieces == 1
     # a piece that waited (for a chat, a decode step) does not shrink the next one:
     # every piece's time bounds the engine's cost from above, the least is kept
     facts.observe(400, 0.16)
@@ -104,9 +105,9 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     for _ in range(4):  # ... until the engine is slower for a whole window
         facts.observe(400, 0.08)
     assert facts.seconds_per_token == pytest.approx(0.0002)
-    assert facts.piece_tokens == 400
-    # with no chat stream decoding there, a piece may take half the TTFT aim
-    assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
+    assert facts.piece_tokens == 256  # 200, raised to the floor
+    # with no chat stream decoding there, the pieces may take half the TTFT aim
+    assert facts.piece_tokens_for(streams=False) == 288  # 0.06 / 0.0002 = 300 -> 288
     facts.disable("the cache did not hold")
     report = facts.report()
     assert report["enabled"] is False and report["fallbacks"] == 1
@@ -120,76 +121,56 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
 BUDGET = {"initial_tokens": 8192, "min_tokens": 512, "max_tokens": 65536}
 
 
-def test_a_pieced_prompt_goes_piece_by_piece_and_chat_goes_between() -> None:
-    s, clock = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
-    first = job(B, 512, id="long")
-    first.piece = 1
-    s.submit(first)
-    assert sent(s) == {"long": "a"}
-    # a chat arrives while piece 1 is in prefill; it goes at once (to the idle engine
-    # or this one, the scheduler's choice), and piece 2 is queued pinned to a
-    clock.advance(0.05)
+def piece(tokens: int, index: int, *, prompt: str = "p", pinned: str | None = None) -> Job:
+    j = job(B, tokens, id=f"{prompt}#{index}")
+    j.piece, j.pinned = index, pinned
+    return j
+
+
+def test_pieces_are_pinned_and_chat_goes_between_them() -> None:
+    s, _ = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
+    s.submit(piece(512, 1))
+    assert sent(s) == {"p#1": "a"}
+    s.submit(piece(512, 2, pinned="a"))
+    assert sent(s) == {"p#2": "a"}  # pinned: never to the idle b
+    assert s.engines["a"].prefill_tokens(B) == 1024  # each costs its new tokens
+    # a chat arrives and goes to a (its least predicted wait is b's, so pin it to a
+    # by taking b out): the next piece steps aside while it is in prefill
+    s.set_engine_up("b", False)
     s.submit(job(I, 40, id="chat"))
-    chat_engine = sent(s)["chat"]
-    assert s.next_piece("long", 512, pin=True)
-    assert first.phase is Phase.QUEUED and first.pinned == "a" and first.piece == 2
-    check_accounting(s, [first])
-    if chat_engine == "a":
-        assert sent(s) == {}  # the chat is in prefill on a: the piece steps aside
-        assert first.held is HeldReason.INTERACTIVE_WAITING
-        check_turns(s)
-        s.on_first_token("chat")
-    # pinned: it never goes to b, whatever b's load
-    assert sent(s) == {"long": "a"}
-    assert s.engines["a"].prefill_tokens(B) == 512  # a piece costs its new tokens
-    assert s.next_piece("long", 300, pin=True)
-    assert sent(s) == {"long": "a"}
-    pieces = [d.piece for d in s.log if d.job_id == "long" and d.admitted]
-    assert pieces == [1, 2, 3]
-    s.on_first_token("long")
-    assert s.on_finished("long") is first
-    check_accounting(s, [first])
-    assert not s.next_piece("long", 1, pin=True)  # gone: nothing to requeue
-
-
-def test_one_piece_at_a_time_per_engine() -> None:
-    s, _ = make(engine("a", budget=BUDGET))
-    one, two = job(B, 512, id="one"), job(B, 512, id="two")
-    one.piece = two.piece = 1
-    s.submit(one)
-    s.submit(two)
-    whole = job(B, 100, id="short")  # a short prompt, not pieced, still fits the budget
-    s.submit(whole)
-    assert sent(s) == {"one": "a"}  # two held (short waits its turn behind it)
-    assert two.held is HeldReason.PREFILL_BUDGET
+    assert sent(s) == {"chat": "a"}
+    s.on_finished("p#1")
+    third = piece(512, 3, pinned="a")
+    s.submit(third)
+    assert sent(s) == {}
+    assert third.held is HeldReason.INTERACTIVE_WAITING
     check_turns(s)
-    s.next_piece("one", 512, pin=True)
-    # one's next piece is back at the head of the queue: it goes first again
-    assert sent(s) == {"one": "a"}
-    s.on_first_token("one")  # one's final request is decoding: two may start
-    assert sent(s) == {"two": "a", "short": "a"}
+    s.on_first_token("chat")
+    assert sent(s) == {"p#3": "a"}
+    log = [(d.job_id, d.piece) for d in s.log if d.admitted]
+    assert log == [("p#1", 1), ("p#2", 2), ("chat", 0), ("p#3", 3)]
+    check_accounting(s, [third])
 
 
-def test_a_failed_final_request_is_unpinned_for_another_engine() -> None:
+def test_at_most_two_pieces_in_prefill_per_engine() -> None:
+    s, _ = make(engine("a", budget=BUDGET))
+    for j in (piece(512, 1, prompt="x"), piece(512, 1, prompt="y"), piece(512, 1, prompt="z")):
+        s.submit(j)
+    short = job(B, 100, id="short")  # not pieced: waits its turn behind them
+    s.submit(short)
+    assert sent(s) == {"x#1": "a", "y#1": "a"}
+    assert s.jobs["z#1"].held is HeldReason.PREFILL_BUDGET
+    check_turns(s)
+    s.on_first_token("x#1")  # a final request decoding is no longer a piece in prefill
+    assert sent(s) == {"z#1": "a", "short": "a"}
+    check_accounting(s)
+
+
+def test_a_failed_pinned_request_is_unpinned_for_another_engine() -> None:
     s, _ = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
-    j = job(B, 512, id="long")
-    j.piece = 1
-    s.submit(j)
-    assert sent(s) == {"long": "a"}
-    s.next_piece("long", 200, pin=True)
-    assert sent(s) == {"long": "a"}
-    assert s.on_failed("long", retry=True)  # a's cache is lost with it
-    assert j.pinned is None
-    assert sent(s) == {"long": "b"}
-
-
-def test_a_prompt_whose_cache_did_not_hold_goes_whole_anywhere() -> None:
-    s, _ = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
-    j = job(B, 512, id="long")
-    j.piece = 1
-    s.submit(j)
-    sent(s)
-    s.next_piece("long", 6000, pin=False)
-    assert j.pinned is None and j.prompt_tokens == 6000
-    assert set(sent(s).values()) <= {"a", "b"}
-    check_accounting(s, [j])
+    final = piece(200, 4, prompt="long", pinned="a")
+    s.submit(final)
+    assert sent(s) == {"long#4": "a"}
+    assert s.on_failed("long#4", retry=True)  # a's cache is lost with it
+    assert final.pinned is None
+    assert sent(s) == {"long#4": "b"}
