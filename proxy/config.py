@@ -274,6 +274,8 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
         "expected a list of model names",
     )
     body.update(url=url, name=str(body.get("name") or f"engine-{index}"))
+    if isinstance(body.get("piecing"), bool):  # YAML reads a bare off / on as a bool
+        body["piecing"] = "on" if body["piecing"] else "off"
     with _under(where):
         typed = _typed(EngineConfig, body, "")
         return EngineConfig(**typed, models=tuple(models), budget=budget)

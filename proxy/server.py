@@ -98,7 +98,7 @@ async def build(
     aim = settings.engines[0].budget.aim if settings.engines else 0.8
     pieces = Piecer(
         list(settings.engines), pool, admission, clock, metrics.registry,
-        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s / 2,
+        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
     )  # fmt: skip
     forwarder = Forwarder(settings, pool, monitor, services, pieces)
     state = ProxyState(

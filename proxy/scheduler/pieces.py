@@ -129,8 +129,8 @@ class EnginePieces:
     ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
     prompt token (:meth:`observe`): the :data:`PIECE_DEPTH` pieces in the engine
     together should keep it busy for about ``target_s`` (the part of the gap target
-    one step may use) while chat streams decode there, ``idle_target_s`` (half the
-    TTFT aim: a new chat waits for the pieces, then its own prefill) while none do.
+    one step may use) while chat streams decode there, ``idle_target_s`` (the TTFT
+    aim: a new chat waits for the pieces, then its own short prefill) while none do.
     ``block_size`` comes from the engine's ``vllm:cache_config_info`` where it says.
 
     The cost is the least seconds per token of the last ``window`` pieces: each
@@ -144,7 +144,7 @@ class EnginePieces:
     min_tokens: int = 256
     max_tokens: int = 2048
     target_s: float = 0.08
-    idle_target_s: float = 0.12
+    idle_target_s: float = 0.24
     block_size: int = 16
     enabled: bool = False
     reason: str = "not discovered yet"

@@ -106,8 +106,8 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
         facts.observe(400, 0.08)
     assert facts.seconds_per_token == pytest.approx(0.0002)
     assert facts.piece_tokens == 256  # 200, raised to the floor
-    # with no chat stream decoding there, the pieces may take half the TTFT aim
-    assert facts.piece_tokens_for(streams=False) == 288  # 0.06 / 0.0002 = 300 -> 288
+    # with no chat stream decoding there, the two pieces may take the TTFT aim
+    assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
     facts.disable("the cache did not hold")
     report = facts.report()
     assert report["enabled"] is False and report["fallbacks"] == 1
