@@ -167,8 +167,10 @@ class Piecer:
         req = ticket.req
         if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
             return None
-        await self.discover()
         up = self.admission.engines_up_for(req.model)
+        for name in up:
+            if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
+                await self._discover(name, self.board[name])
         if not up or not all(self.board[name].enabled for name in up):
             return None
         facts = self.board[up[0]]
@@ -210,9 +212,11 @@ class Piecer:
                     break
                 admitted = await self.admission.admit(self._job(run, piece))
                 run.engine = admitted.engine
-                started = anyio.Event()
-                group.start_soon(self._piece, run, admitted, piece, run.answered, started)
+                started, done = anyio.Event(), anyio.Event()
+                group.start_soon(self._piece, run, admitted, piece, started, done)
                 await started.wait()
+                if self.board[admitted.engine].seconds_per_token is None:
+                    await done.wait()  # no second piece before the first was measured
                 piece = self._after(run, piece)
         return self._final(run, piece)
 
@@ -248,10 +252,19 @@ class Piecer:
         return Final(piece.new_tokens, run.engine, piece.index)
 
     async def _piece(
-        self, run: _Run, admitted: Admitted, piece: Piece, answered: int, started: anyio.Event
+        self, run: _Run, admitted: Admitted, piece: Piece, started: anyio.Event, done: anyio.Event
     ) -> None:
         """Send one piece and check what it found cached: at least the pieces
-        ``answered`` before it was sent (fewer: the cache did not hold)."""
+        answered before it was sent (fewer: the cache did not hold); ``started`` is
+        set once the engine has begun to answer, ``done`` when it is all over."""
+        try:
+            await self._checked(run, admitted, piece, run.answered, started)
+        finally:
+            done.set()
+
+    async def _checked(
+        self, run: _Run, admitted: Admitted, piece: Piece, answered: int, started: anyio.Event
+    ) -> None:
         engine, facts = admitted.engine, self.board[admitted.engine]
         try:
             ids = run.pieced.ids[: piece.end]
@@ -265,15 +278,15 @@ class Piecer:
             self.admission.finished(admitted.job_id)
             run.room.release()
         self.metrics.pieces.labels(engine).inc()
-        done = self.clock.now()
+        now = self.clock.now()
         if not cache_held(answered, cached):
             run.failed = "cache_miss"
             if facts.enabled:
                 facts.disable(_miss(piece, answered, cached))
                 logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
             return
-        facts.observe(piece.new_tokens, done - max(sent, run.answered_at))
-        run.answered, run.answered_at = max(run.answered, piece.end), done
+        facts.observe(piece.new_tokens, now - max(sent, run.answered_at))
+        run.answered, run.answered_at = max(run.answered, piece.end), now
 
     async def _send(
         self, ticket: Ticket, admitted: Admitted, ids: list[int], started: anyio.Event

@@ -100,10 +100,8 @@ one runs, so the engine never idles for the proxy's round trip between pieces.""
 
 
 def pieces_in_prefill(inflight: Iterable[Job]) -> int:
-    """The pieces in prefill among ``inflight``. An engine packs whatever prefill it
-    has queued into its next step, so a chat (or a stream's next token) waits for
-    every piece in the engine: at most :data:`PIECE_DEPTH`, of half the time one
-    step may take each."""
+    """The pieces in prefill among ``inflight``: a chat that arrives waits for every
+    piece in the engine, so there are at most :data:`PIECE_DEPTH`."""
     return sum(1 for j in inflight if j.piece and j.phase is Phase.PREFILL)
 
 
@@ -127,10 +125,11 @@ class EnginePieces:
     """Piecing on one engine: whether it is on and why, and what was learned.
 
     ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
-    prompt token (:meth:`observe`): the :data:`PIECE_DEPTH` pieces in the engine
-    together should keep it busy for about ``target_s`` (the part of the gap target
-    one step may use) while chat streams decode there, ``idle_target_s`` (the TTFT
-    aim: a new chat waits for the pieces, then its own short prefill) while none do.
+    prompt token (:meth:`observe`). A new chat waits for the :data:`PIECE_DEPTH`
+    pieces in the engine, then its own short prefill: together they should take
+    about ``idle_target_s`` (the TTFT aim). While chat streams decode there, one
+    piece should also take no more than ``target_s`` (the gap aim): pieces sent
+    one after the other run one a step, and a step is a gap.
     ``block_size`` comes from the engine's ``vllm:cache_config_info`` where it says.
 
     The cost is the least seconds per token of the last ``window`` pieces: each
@@ -165,7 +164,8 @@ class EnginePieces:
         """The next piece's size, with chat streams decoding on the engine or not."""
         if self.seconds_per_token is None:
             return aligned(self.initial_tokens, self.block_size)
-        target = (self.target_s if streams else self.idle_target_s) / PIECE_DEPTH
+        wait = self.idle_target_s / PIECE_DEPTH  # a new chat waits for every piece
+        target = min(self.target_s, wait) if streams else wait
         return piece_size(
             self.seconds_per_token, target, self.block_size, self.min_tokens, self.max_tokens
         )

@@ -95,9 +95,10 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     facts = EnginePieces(mode=PiecingMode.ON, initial_tokens=500, target_s=0.08, window=4)
     facts.discovered(True, 16)
     assert facts.piece_tokens == 496 and facts.seconds_per_token is None
-    # 0.1 ms a token: two pieces in the engine must fit in 0.08 s, 400 tokens each
+    # 0.1 ms a token: a piece must fit in the gap aim (0.08 s), two in the TTFT
+    # aim (0.24 s): 800 tokens
     facts.observe(400, 0.04)
-    assert facts.piece_tokens == 400 and facts.pieces == 1
+    assert facts.piece_tokens == 800 and facts.pieces == 1
     # a piece that waited (for a chat, a decode step) does not shrink the next one:
     # every piece's time bounds the engine's cost from above, the least is kept
     facts.observe(400, 0.16)
@@ -105,7 +106,7 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     for _ in range(4):  # ... until the engine is slower for a whole window
         facts.observe(400, 0.08)
     assert facts.seconds_per_token == pytest.approx(0.0002)
-    assert facts.piece_tokens == 256  # 200, raised to the floor
+    assert facts.piece_tokens == 400
     # with no chat stream decoding there, the two pieces may take the TTFT aim
     assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
     facts.disable("the cache did not hold")
