@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -213,3 +214,25 @@ async def test_what_is_not_pieced(piecing: str, caching: str, tokens: int, path:
         body = {"model": "m", "prompt": PROMPT, "max_tokens": 3}
         assert (await client.post(path, json=body)).status_code == 200
         assert engines.pieces() == [] and len(engines.whole()) == 1
+
+
+async def test_a_client_gone_mid_piece_leaves_nothing_in_the_scheduler() -> None:
+    engines = CachingEngines()
+    release = anyio.Event()
+    original = engines.answer
+
+    async def hanging(call: Call) -> httpx.Response:
+        if isinstance(call.body["prompt"], list) and len(engines.pieces()) == 2:
+            await release.wait()  # the second piece never answers
+        return original(call)
+
+    engines.generate = hanging
+    async with running(settings(engines), engines) as (client, state):
+        with anyio.move_on_after(1.0):
+            await post(client)
+        await anyio.sleep(0.1)
+        assert engines.pieces()[:1] == [512] and len(engines.pieces()) == 2
+        assert engines.whole() == []  # the client's own request was never sent
+        assert state.scheduler.jobs == {}  # every piece's job left the scheduler
+        assert all(not e.inflight for e in state.scheduler.engines.values())
+        release.set()
