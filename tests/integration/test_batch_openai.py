@@ -103,9 +103,10 @@ def test_whole_cycle(client: openai.OpenAI, proxy: ProxyServer) -> None:
     )
     lines.append(chat_line("lost", model="no-such-model"))
     created = submit(client, lines)
-    assert created.status == "in_progress" and created.metadata == {"team": "tests"}
+    assert created.status == "validating" and created.metadata == {"team": "tests"}
     done = wait_done(client, created.id)
     assert done.status == "completed", done
+    assert done.in_progress_at is not None and done.in_progress_at >= created.created_at
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (15, 14)
     assert done.request_counts.failed == 1
@@ -161,7 +162,14 @@ def test_expiry_keeps_partial_output(client: openai.OpenAI) -> None:
     created = submit(client, lines, window="1s")
     done = wait_done(client, created.id, timeout_s=10)
     assert done.status == "expired" and done.expired_at is not None
-    assert done.request_counts is not None and done.request_counts.completed < MAX_LINES
+    counts = done.request_counts
+    assert counts is not None and counts.completed < MAX_LINES
+    assert counts.completed + counts.failed == counts.total == MAX_LINES
+    out, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert len(out) == counts.completed and len(errors) == counts.failed
+    assert sorted(x["custom_id"] for x in out + errors) == sorted(x["custom_id"] for x in lines)
+    expired = [x for x in errors if x["error"] and x["error"]["code"] == "batch_expired"]
+    assert len(expired) == counts.failed and all(x["response"] is None for x in expired)
 
 
 def test_file_routes(client: openai.OpenAI) -> None:
@@ -212,10 +220,19 @@ BAD_LINES: list[tuple[list[Any], str]] = [
 
 
 @pytest.mark.parametrize(("lines", "message"), BAD_LINES)
-def test_bad_input_lines_are_400(client: openai.OpenAI, lines: list[Any], message: str) -> None:
+def test_bad_lines_fail_the_job(
+    client: openai.OpenAI, lines: list[Any], message: str
+) -> None:
+    """As at OpenAI: the job is created ``validating``, then ``failed`` with ``errors``."""
     uploaded = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
-    with pytest.raises(openai.BadRequestError, match=message):
-        client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    created = client.batches.create(
+        input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert created.status == "validating"
+    done = wait_done(client, created.id)
+    assert done.status == "failed" and done.failed_at is not None and done.errors is not None
+    assert done.errors.data is not None and message in str(done.errors.data[0].message)
+    assert done.output_file_id is None
 
 
 @pytest.mark.parametrize(
