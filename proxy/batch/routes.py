@@ -84,7 +84,7 @@ def install_batch_routes(app: FastAPI, get: Getter) -> None:
     @app.get("/status/batches", include_in_schema=False)
     async def status_batches(request: Request) -> JSONResponse:
         api = get(request)
-        return JSONResponse(jobs_body(api.runner if api is not None else None))
+        return JSONResponse(await jobs_body(api.runner if api is not None else None))
 
 
 def _batch_object(api: BatchAPI, record: BatchRecord) -> Json:

@@ -1,8 +1,9 @@
 """The running jobs as others see them: their estimate gauges on ``/metrics`` and
 their rows on ``/status`` (``GET /status/batches``).
 
-Both read the runner's view of the active jobs as of its last poll (every
-``poll_s``) and its throughput: a read, no store I/O, nothing changes.
+The metrics read the runner's view of the active jobs as of its last poll (every
+``poll_s``; a scrape does no store I/O), the status rows the store's; both the
+runner's throughput. Reads: nothing changes.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ def job_row(runner: BatchRunner, batch: BatchRecord) -> Json:
     }
 
 
-def jobs_body(runner: BatchRunner | None) -> Json:
-    """``GET /status/batches``: ``{"enabled": bool, "jobs": [row, ...]}``, oldest first."""
+async def jobs_body(runner: BatchRunner | None) -> Json:
+    """``GET /status/batches``: ``{"enabled": bool, "jobs": [row, ...]}``, the active
+    jobs oldest first."""
     if runner is None:
         return {"enabled": False, "jobs": []}
-    return {"enabled": True, "jobs": [job_row(runner, b) for b in runner.active]}
+    active = await runner.store.active_batches()
+    return {"enabled": True, "jobs": [job_row(runner, b) for b in active]}
 
 
 class EstimateCollector(Collector):

@@ -220,9 +220,7 @@ BAD_LINES: list[tuple[list[Any], str]] = [
 
 
 @pytest.mark.parametrize(("lines", "message"), BAD_LINES)
-def test_bad_lines_fail_the_job(
-    client: openai.OpenAI, lines: list[Any], message: str
-) -> None:
+def test_bad_lines_fail_the_job(client: openai.OpenAI, lines: list[Any], message: str) -> None:
     """As at OpenAI: the job is created ``validating``, then ``failed`` with ``errors``."""
     uploaded = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
     created = client.batches.create(
@@ -282,3 +280,47 @@ def test_the_proxys_api_keys_guard_the_batch_routes(tmp_path: Path, shared_sim: 
                 file=("k.jsonl", jsonl([chat_line("a")])), purpose="batch"
             )
             assert client.files.retrieve(uploaded.id).id == uploaded.id
+
+
+def test_a_running_job_is_seen_on_status_metrics_and_the_decision_log(
+    client: openai.OpenAI, pair: tuple[SimServer, ProxyServer]
+) -> None:
+    """A short job runs first, so the model has a measured rate: the long job that
+    follows carries an estimate from its first moments, on ``/v1/batches``,
+    ``/status/batches`` and ``/metrics``; the decision log names each line's job."""
+    sim, proxy = pair
+    short = wait_done(
+        client, submit(client, [chat_line(f"s-{i}", max_tokens=4) for i in range(12)]).id
+    )
+    assert short.status == "completed"
+    log = proxy.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
+    named = {d["batch"]["custom_id"] for d in log if (d["batch"] or {}).get("id") == short.id}
+    assert named == {f"s-{i}" for i in range(12)}
+    assert all(d["batch"] is None for d in log if not d["request_id"].startswith("batch_"))
+    assert proxy.metric("whoseturn_batch_tokens_total", kind="completion") >= 12 * 4
+    assert proxy.metric("whoseturn_batch_records_total", status="completed") >= 12
+
+    lines = [chat_line(f"l-{i}", max_tokens=400, min_tokens=400) for i in range(MAX_LINES)]
+    long = submit(client, lines)
+
+    def row() -> dict[str, Any] | None:
+        jobs = proxy.http.get("/status/batches").json()["jobs"]
+        found = [j for j in jobs if j["id"] == long.id and j["estimated_completion_at"]]
+        return found[0] if found else None
+
+    proxy.wait_for(lambda: row() is not None, timeout=10)
+    seen = row()
+    assert seen is not None and seen["status"] == "in_progress" and seen["total"] == MAX_LINES
+    assert seen["records_per_hour"] > 0 and seen["window_reachable"] is True
+    assert seen["estimated_completion_at"] <= seen["expires_at"]
+    retrieved = client.batches.retrieve(long.id).model_dump()
+    assert retrieved["whoseturn"]["records_per_hour"] > 0
+    assert retrieved["whoseturn"]["window_reachable"] is True
+    eta = "whoseturn_batch_estimated_completion_timestamp_seconds"
+    assert proxy.metric(eta, batch=long.id) >= long.created_at
+    proxy.wait_for(lambda: proxy.metric("whoseturn_batch_jobs", status="in_progress") >= 1)
+    client.batches.cancel(long.id)
+    wait_done(client, long.id, timeout_s=10)
+    assert client.batches.retrieve(long.id).model_dump()["whoseturn"] is None
+    assert not [j for j in proxy.http.get("/status/batches").json()["jobs"] if j["id"] == long.id]
+    sim.wait_for(lambda: sim.requests_running() == 0, timeout=5)

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy.api.inputs import ChatRequest
-from proxy.batch.lines import read_lines
+from proxy.batch.lines import job_id, job_line, read_lines
 from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
@@ -217,3 +217,19 @@ async def test_expiry_writes_an_error_line_for_each_unfinished_line(tmp_path: Pa
     assert done.output_file_id is not None
     assert len(store.file_path(done.output_file_id).read_text().splitlines()) == 2
     await store.close()
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        (job_id("batch_1", "c0", 1), ("batch_1", "c0", 1)),
+        (job_id("batch_1", "a/b/3", 2), ("batch_1", "a/b/3", 2)),  # a custom_id with slashes
+        ("chatcmpl-123", None),
+        ("batch_1/c0/x", None),
+        ("other/c0/1", None),
+    ],
+)
+def test_the_decision_log_reads_a_lines_job_and_custom_id_back(
+    job: str, expected: tuple[str, str, int] | None
+) -> None:
+    assert job_line(job) == expected
