@@ -281,7 +281,7 @@ def main() -> None:
                 Path(tmp),
                 chat_s=args.chat_s,
                 chat_clients=args.chat_clients,
-                job_lines=6000,
+                job_lines=3500,  # 7 MB: under the default max_body_bytes
                 ttft_target_s=args.ttft_target_s,
             )
         print("\n".join(result.lines()))
