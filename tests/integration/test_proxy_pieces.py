@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -124,10 +126,10 @@ async def run_arm(chat_url: str, batch_url: str, batch_path: str) -> Arm:
 
 
 @contextmanager
-def proxy(tmp: Path, engine_url: str, piecing: str) -> Iterator[Process]:
+def proxy(tmp: Path, engine_url: str, piecing: str, **settings: Any) -> Iterator[Process]:
     config = tmp / f"whoseturn-{piecing}.yaml"
     engine = {"url": engine_url, "name": "sim", "models": [MODEL], "piecing": piecing}
-    config.write_text(yaml.safe_dump({"engines": [engine]}))
+    config.write_text(yaml.safe_dump({**settings, "engines": [engine]}))
     with spawn_proxy_config(config) as process:
         yield process
 
@@ -173,3 +175,74 @@ def test_pieces_cut_chat_waits_behind_long_prompts(tmp_path: Path) -> None:
     assert ttft <= 0.5
     assert gap <= 0.5
     assert makespan <= 1.25
+
+
+@pytest.mark.timeout(120)
+def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path) -> None:
+    """Batch API chat lines: their messages are tokenized through the engine's chat
+    template, so the lines' own chat requests find every piece cached (no fallback),
+    and each line's answer is the one the engine gives the same request directly."""
+    long = " ".join(f"c{i}" for i in range(3000))
+    lines = [
+        {
+            "custom_id": f"l{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"{n} {long}"}],
+                "max_tokens": 8,
+            },
+        }
+        for n in range(3)
+    ]
+    with spawn_sim(time_scale=20.0) as sim:
+        direct = {
+            line["custom_id"]: sim.http.post("/v1/chat/completions", json=line["body"]).json()
+            for line in lines
+        }
+    store = str(tmp_path / "batch.db")
+    with (
+        spawn_sim(time_scale=20.0) as sim,
+        proxy(tmp_path, sim.base_url, "auto", batch_store_path=store) as px,
+    ):
+        upload = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        files = {"file": ("in.jsonl", upload)}
+        uploaded = px.http.post("/v1/files", files=files, data={"purpose": "batch"}).json()
+        body = {
+            "input_file_id": uploaded["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        batch = px.http.post("/v1/batches", json=body).json()
+        done = wait_for_batch(px, batch["id"])
+        out = px.http.get(f"/v1/files/{done['output_file_id']}/content").text
+        pieces = px.metric("whoseturn_prefill_pieces_total")
+        fallbacks = px.metric("whoseturn_prefill_piece_fallbacks_total")
+        log = px.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
+        cached = sim.metric("vllm:prefix_cache_hits_total")
+    answers = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.splitlines())}
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == 3
+    for custom_id, answer in answers.items():
+        want = direct[custom_id]["choices"][0]["message"]["content"]
+        assert answer["choices"][0]["message"]["content"] == want
+        # the final request found all but its last piece cached: whole blocks, and
+        # no more new tokens than the largest piece
+        usage = answer["usage"]
+        cached_here = usage["prompt_tokens_details"]["cached_tokens"]
+        assert cached_here >= 512 and cached_here % 16 == 0
+        assert usage["prompt_tokens"] - cached_here <= 2048
+    assert pieces >= 3 * 2 and fallbacks == 0 and cached > 0
+    pieced = [d for d in log if d["piece"] and d["admitted"]]
+    assert {d["batch"]["custom_id"] for d in pieced} == {"l0", "l1", "l2"}
+
+
+def wait_for_batch(px: Process, batch_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = px.http.get(f"/v1/batches/{batch_id}").json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            assert isinstance(batch, dict)
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch['status']}"
+        time.sleep(0.1)
