@@ -38,6 +38,7 @@ BATCH_MAX_TOKENS = 16
 CHAT_AT_S = (0.6, 1.2, 1.8, 2.4, 3.0)  # after the batch starts, real seconds
 CHAT_MAX_TOKENS = 4
 STREAM_MAX_TOKENS = 1500
+STALL_S = 0.2  # a gap this long is a whole-prompt prefill step (2,048 tokens take 0.4 s)
 
 
 @dataclass
@@ -55,10 +56,17 @@ class Arm:
     def makespan(self) -> float:
         return max(self.batch_done_s)
 
-    def worst_gap(self) -> float:
-        """The running stream's longest gap while batch work ran (from 0 s)."""
+    def gaps(self) -> list[float]:
+        """The running stream's gaps while batch work ran (from 0 s)."""
         times = [t for t in self.stream_tokens_at if t <= self.makespan]
-        return max(b - a for a, b in itertools.pairwise(times))
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    def worst_gap(self) -> float:
+        return max(self.gaps())
+
+    def stalled_s(self, longer_than_s: float = STALL_S) -> float:
+        """Time the stream spent in gaps longer than ``longer_than_s``."""
+        return sum(g for g in self.gaps() if g > longer_than_s)
 
 
 def batch_prompt(n: int) -> str:
@@ -138,7 +146,8 @@ def report(name: str, arm: Arm) -> None:
     ttfts = ", ".join(f"{t * 1000:.0f}" for t in sorted(arm.chat_ttft_s))
     print(
         f"{name}: chat TTFT p50 {arm.ttft_p50 * 1000:.0f} ms (all: {ttfts} ms); stream worst "
-        f"gap {arm.worst_gap() * 1000:.0f} ms; batch makespan {arm.makespan * 1000:.0f} ms"
+        f"gap {arm.worst_gap() * 1000:.0f} ms, {arm.stalled_s() * 1000:.0f} ms in gaps over "
+        f"{STALL_S * 1000:.0f} ms; batch makespan {arm.makespan * 1000:.0f} ms"
     )
 
 
@@ -173,7 +182,11 @@ def test_pieces_cut_chat_waits_behind_long_prompts(tmp_path: Path) -> None:
     assert pieces >= BATCH_PROMPTS * (BATCH_PROMPT_TOKENS // 2048)
     assert facts["enabled"] is True and facts["prompt_token_cost_ms"] is not None
     assert ttft <= 0.5
-    assert gap <= 0.5
+    # the worst gap is about a piece against a 2,048-token step; one stall of a
+    # starved process on the shared cores can stretch it, so the margin is wide,
+    # and the time in long gaps (the steps piecing removes) is judged as well
+    assert gap <= 0.75
+    assert pieced.stalled_s() <= 0.25 * whole.stalled_s()
     assert makespan <= 1.25
 
 
