@@ -28,7 +28,7 @@ import httpx
 
 from loadtests.arrivals import gamma_times, trace_times
 from loadtests.client import Record, close, stream
-from loadtests.corpus import passage
+from loadtests.corpus import SETS, as_prompt, messages
 from loadtests.workload_file import TrafficClass, Workload
 
 Route = Callable[[TrafficClass], str]
@@ -63,18 +63,23 @@ def send_times(workload: Workload, cls: TrafficClass) -> list[float]:
 
 
 def body(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
-    """Request ``i`` of ``cls``: a header of its own, then a passage of the corpus."""
-    start = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode()) + 104_729 * i
-    text = f"{cls.name} {i}: what does this say?\n\n{passage(start, cls.prompt_chars)}"
+    """Request ``i`` of ``cls``: its prompt source's messages (:func:`messages`), the
+    first starting with a header of its own so no two requests share a prefix."""
+    seed = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode())
+    start = seed + 104_729 * i if cls.prompt_chars is not None else seed
+    chat = messages(cls.prompt_source, i, start, cls.prompt_chars)
+    passage = SETS[cls.prompt_source][0] in ("topics", "documents")
+    header = f"{cls.name} {i}: what does this say?" if passage else f"{cls.name} {i}."
+    chat[0] = {**chat[0], "content": f"{header}\n\n{chat[0]['content']}"}
     out: dict[str, Any] = {
         "model": workload.model,
         "max_tokens": cls.max_tokens,
         "temperature": cls.temperature,
     }
     if cls.api == "chat":
-        out["messages"] = [{"role": "user", "content": text}]
+        out["messages"] = chat
     else:
-        out["prompt"] = text
+        out["prompt"] = as_prompt(chat)
     return out
 
 

@@ -19,6 +19,10 @@ classes:
       # or {process: gamma, rate: R, burstiness: B}, {process: closed, concurrency: N},
       # {process: trace, file: PATH}  (PATH relative to the workload file)
     prompt: {source: python-docs, chars: 400}
+      # source: one of loadtests.corpus.SETS: python-docs (needs chars), python-pages,
+      # licences, rfc, book, long-document (chars optional: a passage, else whole
+      # documents in turn), questions, conversations, extraction (chars cuts the
+      # document)
     max_tokens: 48
     temperature: 0          # the default: greedy, so answers can be compared across arms
 ```
@@ -32,10 +36,12 @@ from typing import Any
 
 import yaml
 
+from loadtests.corpus import NEEDS_CHARS, SETS
+
 ROUTES = ("chat", "batch")
 APIS = ("chat", "completions")
 PROCESSES = ("poisson", "gamma", "closed", "trace")
-SOURCES = ("python-docs",)
+SOURCES = tuple(SETS)
 
 
 class WorkloadError(ValueError):
@@ -57,9 +63,10 @@ class TrafficClass:
     route: str
     api: str
     arrival: Arrival
-    prompt_chars: int
+    prompt_chars: int | None
     max_tokens: int
     temperature: float = 0.0
+    prompt_source: str = "python-docs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,14 +143,19 @@ def _class(name: str, data: Any, base: Path) -> TrafficClass:
     keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature"}
     d = _mapping(data, at.rstrip("."), keys)
     prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
-    if _typed(prompt, "source", str, at + "prompt.", "python-docs") not in SOURCES:
-        raise WorkloadError(f"{at}prompt.source: one of {', '.join(SOURCES)}")
+    source = _typed(prompt, "source", str, at + "prompt.", "python-docs")
+    if source not in SOURCES:
+        raise WorkloadError(f"{at}prompt.source: one of {', '.join(SOURCES)}, not {source!r}")
+    chars = _positive(prompt, "chars", at + "prompt.") if "chars" in prompt else None
+    if chars is None and source in NEEDS_CHARS:
+        raise WorkloadError(f"{at}prompt.chars: missing (source {source} needs it)")
     return TrafficClass(
         name=name,
         route=_choice(d, "route", ROUTES, at),
         api=_choice(d, "api", APIS, at),
         arrival=_arrival(d.get("arrival"), at + "arrival", base),
-        prompt_chars=_positive(prompt, "chars", at + "prompt."),
+        prompt_chars=chars,
+        prompt_source=source,
         max_tokens=_positive(d, "max_tokens", at),
         temperature=float(_typed(d, "temperature", (int, float), at, 0.0)),
     )
