@@ -68,6 +68,7 @@ def write_result(
     summaries: dict[str, dict[str, ClassSummary]],
     answers: tuple[int, int] | None,
     reasoning: str,
+    machine: dict[str, Any] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
     added), the figures per arm and class, the answer check, the reasoning, the date."""
@@ -82,6 +83,7 @@ def write_result(
         "answer_check": None
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
+        "machine": machine or {},
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
     }
@@ -155,6 +157,8 @@ def write_report(
     table: str,
     answers: tuple[int, int] | None,
     plots: Sequence[str],
+    machine: dict[str, dict[str, Any]] | None = None,
+    started: dict[str, list[dict[str, Any]]] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
     lines = [
@@ -178,5 +182,61 @@ def write_report(
             f"{answers[1]} answers differ.",
             "",
         ]
+    lines += startup_lines(started or {})
+    lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def startup_lines(started: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The servers the harness started, per arm: time to ready (the engines' model
+    load, the cold run's first phase) and the startup facts that change what is
+    measured, each with where it was read."""
+    if not started:
+        return []
+    rows: list[Sequence[str]] = []
+    for arm, servers in started.items():
+        for s in servers:
+            facts = s.get("startup_facts") or {}
+            said = "; ".join(
+                f"{k} {v['value']} ({v['from']})"
+                for k, v in facts.items()
+                if v["value"] is not None
+            )
+            rows.append((arm, s["name"], f"{s['ready_s']:.1f} s", said or "-"))
+    table = markdown_table(("arm", "server", "ready after (model load)", "startup facts"), rows)
+    return ["## Servers started by the harness", "", table, ""]
+
+
+def machine_lines(machine: dict[str, dict[str, Any]]) -> list[str]:
+    """Each arm's servers' peaks as the OS saw them, and the GPUs' when there were any."""
+    rows: list[Sequence[str]] = []
+    for arm, view in machine.items():
+        for name, p in view.get("servers", {}).items():
+            rows.append(
+                (
+                    arm,
+                    name,
+                    f"{p['rss_peak_bytes'] / 2**20:,.0f} MiB",
+                    f"{p['swap_peak_bytes'] / 2**20:,.0f} MiB",
+                    f"{p['cpu_peak_percent']:.0f}%",
+                )
+            )
+    if not rows:
+        return []
+    header = ("arm", "server", "peak RSS", "peak swap", "peak CPU (one core = 100%)")
+    lines = ["## The machine's view (psutil, every second)", "", markdown_table(header, rows), ""]
+    for arm, view in machine.items():
+        gpu = view.get("gpu")
+        if gpu:
+            per = gpu.get("energy_per_valid_record_j")
+            lines.append(
+                f"{arm}: GPU memory peak {gpu['memory_peak_mib']:,.0f} MiB, power peak "
+                f"{gpu['power_peak_w']:.0f} W, {gpu['energy_j'] / 3600:,.2f} Wh over "
+                f"{gpu['seconds']:.0f} s, "
+                + (f"{per:,.1f} J per valid record" if per is not None else "no valid record")
+                + "."
+            )
+        else:
+            lines.append(f"{arm}: no GPU seen (`nvidia-smi` absent): no power or energy figure.")
+    return [*lines, ""]

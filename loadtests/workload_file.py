@@ -25,12 +25,23 @@ classes:
       # document)
     max_tokens: 48
     temperature: 0          # the default: greedy, so answers can be compared across arms
+engines:                    # optional: the harness starts these, fresh for each arm
+  count: 2
+  command: whoseturn sim --profile cpu-tiny --port {port}
+    # {port}: a free loopback port; {python}: this interpreter; {vllm_python}: the
+    # .venv-vllm interpreter; {model_dir}: the tiny model; "whoseturn" runs this
+    # checkout's `python -m proxy`
+  health: /health           # polled until 200: the model load, timed
+  ready_timeout_s: 120
+  env: {}                   # added to the environment
+proxy: {settings: {}}       # optional, with engines: `whoseturn serve` in front of them
+arms: [direct, proxy]       # with engines: the arms to run, in this order
 ```
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +52,7 @@ from loadtests.corpus import NEEDS_CHARS, SETS
 ROUTES = ("chat", "batch")
 APIS = ("chat", "completions")
 PROCESSES = ("poisson", "gamma", "closed", "trace")
+ARMS = ("direct", "proxy")
 SOURCES = tuple(SETS)
 
 
@@ -78,12 +90,26 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Engines:
+    """How the harness starts the engines itself (:mod:`loadtests.engines`)."""
+
+    command: str
+    count: int = 1
+    health: str = "/health"
+    ready_timeout_s: float = 120.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
     model: str
     seed: int
     plan: Plan
     classes: tuple[TrafficClass, ...]
+    engines: Engines | None = None
+    proxy_settings: dict[str, Any] | None = None
+    arms: tuple[str, ...] = ARMS
 
     def to_json(self) -> dict[str, Any]:
         """The workload as plain data, for ``result.json``."""
@@ -110,7 +136,9 @@ def load_workload(path: Path) -> Workload:
 
 def parse_workload(data: Any, *, base: Path) -> Workload:
     """The workload from parsed YAML; trace files are relative to ``base``."""
-    top = _mapping(data, "", {"name", "model", "seed", "plan", "classes"})
+    top = _mapping(
+        data, "", {"name", "model", "seed", "plan", "classes", "engines", "proxy", "arms"}
+    )
     classes = _mapping(top.get("classes"), "classes", None)
     if not classes:
         raise WorkloadError("classes: at least one traffic class is needed")
@@ -120,7 +148,45 @@ def parse_workload(data: Any, *, base: Path) -> Workload:
         seed=_typed(top, "seed", int, "", 0),
         plan=_plan(top.get("plan", {})),
         classes=tuple(_class(str(k), v, base) for k, v in classes.items()),
+        **_servers(top),
     )
+
+
+def _servers(top: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "engines" in top:
+        d = _mapping(
+            top["engines"], "engines", {"command", "count", "health", "ready_timeout_s", "env"}
+        )
+        env = _mapping(d.get("env", {}), "engines.env", None)
+        timeout = float(_typed(d, "ready_timeout_s", (int, float), "engines.", 120.0))
+        if timeout <= 0:
+            raise WorkloadError("engines.ready_timeout_s: must be positive")
+        command = _typed(d, "command", str, "engines.", None)
+        if "{port}" not in command:
+            raise WorkloadError("engines.command: must contain {port}")
+        out["engines"] = Engines(
+            command=command,
+            count=_positive(d, "count", "engines.") if "count" in d else 1,
+            health=_typed(d, "health", str, "engines.", "/health"),
+            ready_timeout_s=timeout,
+            env={str(k): str(v) for k, v in env.items()},
+        )
+    if "proxy" in top:
+        if "engines" not in top:
+            raise WorkloadError("proxy: only with engines (the proxy is started in front of them)")
+        d = _mapping(top["proxy"], "proxy", {"settings"})
+        out["proxy_settings"] = dict(_mapping(d.get("settings", {}), "proxy.settings", None))
+    if "arms" in top:
+        arms = top["arms"]
+        if not isinstance(arms, list) or not arms or any(a not in ARMS for a in arms):
+            raise WorkloadError(f"arms: a list of {', '.join(ARMS)}, not {arms!r}")
+        if "proxy" in arms and "engines" in top and "proxy" not in top:
+            raise WorkloadError("arms: the proxy arm needs a proxy key (settings may be empty)")
+        out["arms"] = tuple(arms)
+    elif "engines" in top and "proxy" not in top:
+        out["arms"] = ("direct",)
+    return out
 
 
 def _plan(data: Any) -> Plan:

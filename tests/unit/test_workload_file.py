@@ -79,6 +79,12 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
         ("plan", {"cold": "yes"}, "plan.cold: wrong type"),
         ("classes", {}, "classes: at least one"),
         ("extra", 1, "extra: unknown key"),
+        ("engines", {"command": "whoseturn sim"}, "engines.command: must contain {port}"),
+        ("engines", {"comand": "x {port}"}, "engines.comand: unknown key"),
+        ("engines", {"command": "x {port}", "count": 0}, "engines.count: must be at least 1"),
+        ("proxy", {"settings": {}}, "proxy: only with engines"),
+        ("arms", ["direct", "both"], "arms: a list of direct, proxy"),
+        ("classes.chat.prompt", {"source": "rfcs"}, "classes.chat.prompt.source: one of"),
     ],
 )
 def test_a_bad_file_names_the_key(dotted: str, value: Any, named: str) -> None:
@@ -141,3 +147,28 @@ def test_loadtest_refuses_a_bad_file_naming_the_key(
     assert cli.main("loadtest", argv) == 2
     assert "classes.batch.route: one of chat, batch, not 'bulk'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_engines_proxy_and_arms() -> None:
+    data = _good()
+    data["engines"] = {"command": "whoseturn sim --port {port}", "count": 2}
+    w = parse_workload(data, base=Path())
+    assert w.engines is not None and w.engines.count == 2 and w.engines.health == "/health"
+    assert w.arms == ("direct",)  # no proxy key: nothing to put in front of the engines
+    data["proxy"] = {"settings": {"scrape_interval_s": 0.5}}
+    w = parse_workload(data, base=Path())
+    assert w.arms == ("direct", "proxy") and w.proxy_settings == {"scrape_interval_s": 0.5}
+    del data["proxy"]
+    data["arms"] = ["proxy"]
+    with pytest.raises(WorkloadError, match="arms: the proxy arm needs a proxy key"):
+        parse_workload(data, base=Path())
+
+
+def test_sources_without_chars_give_whole_items() -> None:
+    data = _good()
+    data["classes"]["chat"]["prompt"] = {"source": "conversations"}
+    w = parse_workload(data, base=Path())
+    chat = w.classes[0]
+    assert chat.prompt_chars is None and chat.prompt_source == "conversations"
+    messages = body(w, chat, 0)["messages"]
+    assert len(messages) > 1 and messages[0]["content"].startswith("chat 0.")

@@ -1,0 +1,96 @@
+"""Engines the harness starts (loadtests.engines): startup facts read from flags, a
+vLLM log and /metrics; the watch's arithmetic (loadtests.watch): peaks and energy."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+
+from loadtests.engines import engine_argv, startup_facts
+from loadtests.watch import ProcessView, energy_joules, peaks
+
+VLLM_LOG = """\
+(APIServer pid=1) INFO [api_utils.py:286] non-default args: {'host': '127.0.0.1', \
+'port': 39375, 'max_model_len': 8192, 'served_model_name': ['tiny'], \
+'long_prefill_token_threshold': 256, 'scheduling_policy': 'priority'}
+(APIServer pid=1) INFO Chunked prefill is enabled with max_num_batched_tokens=2048.
+(EngineCore pid=2) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: \
+model='x', enable_prefix_caching=True, chunked_prefill=True
+"""
+METRICS = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="False"} 1.0\n'
+
+
+def test_facts_from_a_vllm_log_say_where_each_was_read() -> None:
+    facts = startup_facts(["vllm", "serve"], VLLM_LOG, "")
+    assert facts["long_prefill_token_threshold"] == {"value": 256, "from": "log"}
+    assert facts["scheduling_policy"] == {"value": "priority", "from": "log"}
+    assert facts["max_num_batched_tokens"] == {"value": 2048, "from": "log"}
+    assert facts["chunked_prefill"] == {"value": True, "from": "log"}
+    assert facts["prefix_caching"] == {"value": True, "from": "log"}
+    assert facts["max_num_seqs"]["value"] is None
+    assert facts["max_num_seqs"]["from"].startswith("not stated")
+
+
+def test_a_flag_wins_over_the_log_and_the_log_over_the_metrics() -> None:
+    argv = ["x", "--max-num-batched-tokens", "512", "--no-enable-prefix-caching"]
+    facts = startup_facts(argv, VLLM_LOG, METRICS)
+    assert facts["max_num_batched_tokens"] == {"value": 512, "from": "flag"}
+    assert facts["prefix_caching"] == {"value": False, "from": "flag"}
+    assert startup_facts(["x"], "", METRICS)["prefix_caching"] == {
+        "value": False,
+        "from": "metrics",
+    }
+    assert startup_facts(["x", "--long-prefill-token-threshold=64"], "", "")[
+        "long_prefill_token_threshold"
+    ] == {"value": 64, "from": "flag"}
+
+
+def test_engine_argv_fills_the_port_and_runs_whoseturn_from_this_checkout() -> None:
+    argv = engine_argv("whoseturn sim --profile cpu-tiny --port {port}", 8123)
+    assert argv == [sys.executable, "-m", "proxy", "sim", "--profile", "cpu-tiny", "--port", "8123"]
+    assert engine_argv("{python} -m http.server {port}", 9)[0] == sys.executable
+
+
+def test_energy_is_the_area_under_the_power_samples() -> None:
+    assert energy_joules([0, 1, 3], [100, 200, 200]) == pytest.approx(150 + 400)
+    assert energy_joules([5], [300]) == 0
+
+
+def test_peaks_per_server_and_gpu_energy_per_sample_span() -> None:
+    def proc(rss: float, swap: float, cpu: float) -> dict[str, float]:
+        return {"rss_bytes": rss, "swap_bytes": swap, "cpu_percent": cpu, "processes": 1}
+
+    samples = [
+        {
+            "t": 0.0,
+            "servers": {"e": proc(10, 0, 50), "p": None},
+            "gpus": [{"memory_mib": 1000, "power_w": 100}, {"memory_mib": 500, "power_w": 50}],
+        },
+        {
+            "t": 2.0,
+            "servers": {"e": proc(30, 5, 20), "p": proc(7, 0, 1)},
+            "gpus": [{"memory_mib": 2000, "power_w": 300}, {"memory_mib": 500, "power_w": 50}],
+        },
+    ]
+    view = peaks(samples)
+    assert view["servers"]["e"] == {
+        "rss_peak_bytes": 30,
+        "swap_peak_bytes": 5,
+        "cpu_peak_percent": 50,
+    }
+    assert view["servers"]["p"]["rss_peak_bytes"] == 7
+    assert view["gpu"]["memory_peak_mib"] == 2500
+    assert view["gpu"]["power_peak_w"] == 350
+    assert view["gpu"]["energy_j"] == pytest.approx((150 + 350) / 2 * 2)
+    assert peaks([{"t": 0, "servers": {}, "gpus": None}])["gpu"] is None
+
+
+def test_the_process_view_sees_this_process() -> None:
+    view = ProcessView()
+    first = view.sample(os.getpid())
+    assert first is not None and first["rss_bytes"] > 1_000_000
+    assert not math.isnan(first["cpu_percent"])
+    assert view.sample(2**22 + 12345) is None  # no such process
