@@ -201,7 +201,7 @@ def started(out: Path, arm: str, workload: Workload) -> Iterator[Started]:
                 out / f"{arm}-proxy.yaml",
                 port=port,
                 engines=listed,
-                **(workload.proxy_settings or {}),
+                **proxy_settings(workload, out, arm),
             )
             log = out / f"{arm}-proxy.log"
             began = time.monotonic()
@@ -215,6 +215,15 @@ def started(out: Path, arm: str, workload: Workload) -> Iterator[Started]:
             )
             proxy.ready_s = time.monotonic() - began
         yield Started(engines, proxy)
+
+
+def proxy_settings(workload: Workload, out: Path, arm: str) -> dict[str, Any]:
+    """The workload's proxy settings, with a fresh batch store in ``out`` when a class
+    uses the Batch API and the settings name none."""
+    settings = dict(workload.proxy_settings or {})
+    if any(c.route == "batch-api" for c in workload.classes):
+        settings.setdefault("batch_store_path", str(out / f"{arm}-batch.db"))
+    return settings
 
 
 def _spawn(

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loadtests.client import Record
+from loadtests.harness import Job
 from proxy.scheduler.budget import percentile
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "gaps",
     "pct",
     "summarize",
+    "summarize_jobs",
     "summarize_runs",
     "tpot",
     "valid_per_hour",
@@ -72,6 +74,7 @@ class ClassSummary:
     done_p95: float
     queue_p95: float
     valid_per_hour: float
+    records_per_hour: float = math.nan  # batch-api: lines answered, whole or not
 
 
 def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float:
@@ -139,6 +142,40 @@ def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
         done_p95=pct(done, 0.95),
         queue_p95=pct(queue, 0.95),
         valid_per_hour=per_hour / length,
+    )
+
+
+def summarize_jobs(windows: Sequence[tuple[Sequence[Job], float, float]]) -> ClassSummary:
+    """A ``batch-api`` class over several runs (``(jobs, run start, run end)``): the
+    requests are the jobs' lines, records and valid records per hour count every
+    answered line of every job of a run over the runs' summed length (a job still
+    running at a run's end was cancelled then, its partial output counted), and the
+    completion times are those of the jobs that ended on their own."""
+    jobs = [j for w in windows for j in w[0]]
+    length = sum(end - start for _, start, end in windows)
+    if length <= 0:
+        raise ValueError("the window must have a positive length")
+    ended = [
+        j.finished_at - j.submitted_at
+        for j in jobs
+        if j.finished_at is not None and not j.cancelled_by_client and j.status == "completed"
+    ]
+    nan = math.nan
+    return ClassSummary(
+        requests=sum(j.lines for j in jobs),
+        valid=sum(j.valid for j in jobs),
+        ttft_p50=nan,
+        ttft_p95=nan,
+        ttft_p99=nan,
+        itl_p50=nan,
+        itl_p95=nan,
+        tpot_p50=nan,
+        done_p50=pct(ended, 0.50),
+        done_p95=pct(ended, 0.95),
+        queue_p95=nan,
+        # no job at all (the direct arm, which has no Batch API): no figure, not zero
+        valid_per_hour=sum(j.valid for j in jobs) * 3600.0 / length if jobs else nan,
+        records_per_hour=sum(j.completed for j in jobs) * 3600.0 / length if jobs else nan,
     )
 
 

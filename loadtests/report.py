@@ -117,6 +117,7 @@ LATENCY_ROWS = (
     ("queue wait in proxy p95", "queue_p95"),
 )
 BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95"))
+JOB_ROWS = (("job completion p50", "done_p50"), ("job completion p95", "done_p95"))
 
 
 def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
@@ -127,13 +128,18 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
     rows: list[Sequence[str]] = []
     for cls in workload.classes:
         per_arm = [arms[a][cls.name] for a in names]
-        for label, key in LATENCY_ROWS if cls.route == "chat" else BATCH_ROWS:
+        latency = {"chat": LATENCY_ROWS, "batch": BATCH_ROWS, "batch-api": JOB_ROWS}
+        for label, key in latency[cls.route]:
             values = [getattr(s, key) for s in per_arm]
             rows.append((f"{cls.name} {label}", *map(ms, values), *_change(values, ratio)))
-        if cls.route == "batch":  # an open chat loop's throughput is its arrival rate
-            rates = [s.valid_per_hour for s in per_arm]
-            cells = [f"{r:,.0f}" for r in rates]
-            rows.append((f"{cls.name} valid records per hour", *cells, *_change(rates, _percent)))
+        per_hour = [("valid records per hour", "valid_per_hour")]
+        if cls.route == "batch-api":
+            per_hour.insert(0, ("records per hour", "records_per_hour"))
+        for label, key in per_hour if cls.route != "chat" else []:
+            # an open chat loop's throughput is its arrival rate
+            rates = [getattr(s, key) for s in per_arm]
+            cells = ["-" if math.isnan(r) else f"{r:,.0f}" for r in rates]
+            rows.append((f"{cls.name} {label}", *cells, *_change(rates, _percent)))
         counts = [f"{s.valid}/{s.requests}" for s in per_arm]
         blank = [""] if len(names) == 2 else []
         rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))
@@ -146,7 +152,9 @@ def _change(values: list[float], how: Callable[[float, float], str]) -> list[str
 
 
 def _percent(before: float, after: float) -> str:
-    return f"{(after / before - 1) * 100:+.1f}%" if before else "-"
+    if math.isnan(before) or math.isnan(after) or not before:
+        return "-"
+    return f"{(after / before - 1) * 100:+.1f}%"
 
 
 def write_report(

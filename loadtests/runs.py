@@ -23,7 +23,14 @@ import httpx
 
 from loadtests import plots
 from loadtests.harness import ArmRun, Route, new_run, run_arm
-from loadtests.measures import ClassSummary, Window, answer_mismatches, pct, summarize_runs
+from loadtests.measures import (
+    ClassSummary,
+    Window,
+    answer_mismatches,
+    pct,
+    summarize_jobs,
+    summarize_runs,
+)
 from loadtests.report import ms, side_by_side, write_records, write_report, write_result
 from loadtests.watch import listening_pid, peaks, watching
 from loadtests.workload_file import Workload
@@ -86,7 +93,7 @@ async def run_plan(
             for label in labels:
                 run = new_run(workload)
                 async with _progress(console, f"{arm} ({label})", run, result.turns):
-                    await run_arm(workload, route, http, run)
+                    await run_arm(workload, route, http, run, batch_api=proxy)
                 if label == "cold":
                     result.cold = run
                 else:
@@ -102,6 +109,13 @@ def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]
     each whole run."""
     out = {}
     for cls in workload.classes:
+        if cls.route == "batch-api":
+            spans = [
+                (run.jobs[cls.name], run.started_at, run.started_at + workload.plan.duration_s)
+                for run in runs
+            ]
+            out[cls.name] = summarize_jobs(spans)
+            continue
         windows = [
             Window(run.records[cls.name], *run.window(workload), counted_from=run.started_at)
             for run in runs
@@ -146,6 +160,15 @@ def finish(
             for a, r in arms.items()
         },
     )
+    jobs = [
+        {"arm": a, "run": label, **job.to_json()}
+        for a, r in arms.items()
+        for label, run in r.all_runs()
+        for js in run.jobs.values()
+        for job in js
+    ]
+    if jobs:
+        (out / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
     drawn = _plots(out, arms)
     machine = {arm: machine_view(r) for arm, r in arms.items()}
     write_result(

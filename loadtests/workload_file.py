@@ -13,7 +13,10 @@ plan:
   warmup_s: 8               # latencies of requests sent before this are not counted
 classes:
   chat:
-    route: chat             # chat: the proxy's /v1; batch: its /batch/v1
+    route: chat             # chat: the proxy's /v1; batch: its /batch/v1; batch-api: jobs
+                            # of the proxy's Files + Batch API (/v1/files, /v1/batches),
+                            # each of job_lines requests; closed: concurrency jobs at
+                            # once; open: a job per arrival (the proxy arm only)
     api: chat               # chat: /chat/completions with messages; completions: a prompt
     arrival: {process: poisson, rate: 2.0}
       # or {process: gamma, rate: R, burstiness: B}, {process: closed, concurrency: N},
@@ -49,7 +52,7 @@ import yaml
 
 from loadtests.corpus import NEEDS_CHARS, SETS
 
-ROUTES = ("chat", "batch")
+ROUTES = ("chat", "batch", "batch-api")
 APIS = ("chat", "completions")
 PROCESSES = ("poisson", "gamma", "closed", "trace")
 ARMS = ("direct", "proxy")
@@ -79,6 +82,8 @@ class TrafficClass:
     max_tokens: int
     temperature: float = 0.0
     prompt_source: str = "python-docs"
+    job_lines: int = 0  # batch-api: requests per job
+    poll_s: float = 1.0  # batch-api: how often a job is looked at
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +211,7 @@ def _plan(data: Any) -> Plan:
 
 def _class(name: str, data: Any, base: Path) -> TrafficClass:
     at = f"classes.{name}."
-    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature"}
+    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature", "job_lines", "poll_s"}
     d = _mapping(data, at.rstrip("."), keys)
     prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
     source = _typed(prompt, "source", str, at + "prompt.", "python-docs")
@@ -224,7 +229,20 @@ def _class(name: str, data: Any, base: Path) -> TrafficClass:
         prompt_source=source,
         max_tokens=_positive(d, "max_tokens", at),
         temperature=float(_typed(d, "temperature", (int, float), at, 0.0)),
+        **_job(d, at),
     )
+
+
+def _job(d: dict[str, Any], at: str) -> dict[str, Any]:
+    if d.get("route") != "batch-api":
+        for key in ("job_lines", "poll_s"):
+            if key in d:
+                raise WorkloadError(f"{at}{key}: only for route batch-api")
+        return {}
+    poll = float(_typed(d, "poll_s", (int, float), at, 1.0))
+    if poll <= 0:
+        raise WorkloadError(f"{at}poll_s: must be positive")
+    return {"job_lines": _positive(d, "job_lines", at), "poll_s": poll}
 
 
 def _arrival(data: Any, at: str, base: Path) -> Arrival:

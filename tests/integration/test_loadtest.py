@@ -88,6 +88,15 @@ def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
             "prompt": {"source": "questions"},
             "max_tokens": 4,
         },
+        "jobs": {
+            "route": "batch-api",
+            "api": "chat",
+            "arrival": {"process": "closed", "concurrency": 1},
+            "prompt": {"source": "extraction", "chars": 1000},
+            "max_tokens": 4,
+            "job_lines": 5,
+            "poll_s": 0.2,
+        },
     }
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(workload))
@@ -105,6 +114,11 @@ def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
     }
     assert engine["startup_facts"]["prefix_caching"]["from"] == "metrics"
     assert result["summaries"]["proxy"]["question"]["valid"] > 0
+    jobs = result["summaries"]["proxy"]["jobs"]
+    assert jobs["valid"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"] > 0
+    assert result["summaries"]["direct"]["jobs"]["valid_per_hour"] is None  # no Batch API
+    rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert rows and all(r["arm"] == "proxy" and r["batch_id"] for r in rows)
     for arm, names in (("direct", ["engine-0"]), ("proxy", ["engine-0", "proxy"])):
         for name in names:
             scrapes = (out / "metrics" / f"{arm}-{name}.prom").read_text()

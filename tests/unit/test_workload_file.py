@@ -85,6 +85,8 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
         ("proxy", {"settings": {}}, "proxy: only with engines"),
         ("arms", ["direct", "both"], "arms: a list of direct, proxy"),
         ("classes.chat.prompt", {"source": "rfcs"}, "classes.chat.prompt.source: one of"),
+        ("classes.chat.job_lines", 5, "classes.chat.job_lines: only for route batch-api"),
+        ("classes.batch.route", "batch-api", "classes.batch.job_lines: missing"),
     ],
 )
 def test_a_bad_file_names_the_key(dotted: str, value: Any, named: str) -> None:
@@ -145,7 +147,8 @@ def test_loadtest_refuses_a_bad_file_naming_the_key(
     out = tmp_path / "out"
     argv = [str(path), "--target", "http://127.0.0.1:9", "--out", str(out)]
     assert cli.main("loadtest", argv) == 2
-    assert "classes.batch.route: one of chat, batch, not 'bulk'" in capsys.readouterr().err
+    message = "classes.batch.route: one of chat, batch, batch-api, not 'bulk'"
+    assert message in capsys.readouterr().err
     assert not out.exists()
 
 

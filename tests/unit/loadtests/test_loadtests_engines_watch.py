@@ -1,8 +1,10 @@
 """Engines the harness starts (loadtests.engines): startup facts read from flags, a
-vLLM log and /metrics; the watch's arithmetic (loadtests.watch): peaks and energy."""
+vLLM log and /metrics; the watch's arithmetic (loadtests.watch): peaks and energy;
+the Batch API class's counting (loadtests.harness, loadtests.measures)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -10,6 +12,8 @@ import sys
 import pytest
 
 from loadtests.engines import engine_argv, startup_facts
+from loadtests.harness import Job, count_output
+from loadtests.measures import summarize_jobs
 from loadtests.watch import ProcessView, energy_joules, peaks
 
 VLLM_LOG = """\
@@ -94,3 +98,27 @@ def test_the_process_view_sees_this_process() -> None:
     assert first is not None and first["rss_bytes"] > 1_000_000
     assert not math.isnan(first["cpu_percent"])
     assert view.sample(2**22 + 12345) is None  # no such process
+
+
+def _line(status: int, finish: str, tokens: int) -> str:
+    body = {"choices": [{"finish_reason": finish}], "usage": {"completion_tokens": tokens}}
+    return json.dumps({"custom_id": "x", "response": {"status_code": status, "body": body}})
+
+
+def test_a_job_output_counts_answered_and_whole_lines() -> None:
+    text = "\n".join([_line(200, "length", 8), _line(200, "stop", 3), _line(500, "length", 8), ""])
+    assert count_output(text, 8) == (3, 1)
+
+
+def test_job_figures_per_hour_over_the_runs_summed_length() -> None:
+    done = Job("j-0", "jobs", 10, submitted_at=100.0, finished_at=102.0, status="completed")
+    done.completed, done.valid = 10, 9
+    cut = Job("j-1", "jobs", 10, submitted_at=101.0, finished_at=130.0, status="cancelled")
+    cut.completed, cut.valid, cut.cancelled_by_client = 4, 4, True
+    s = summarize_jobs([([done], 100.0, 118.0), ([cut], 200.0, 218.0)])
+    assert (s.requests, s.valid) == (20, 13)
+    assert s.records_per_hour == pytest.approx(14 * 3600 / 36)
+    assert s.valid_per_hour == pytest.approx(13 * 3600 / 36)
+    assert s.done_p50 == pytest.approx(2.0)  # the cancelled job's time is no completion
+    empty = summarize_jobs([([], 0.0, 10.0)])
+    assert math.isnan(empty.valid_per_hour) and math.isnan(empty.records_per_hour)
