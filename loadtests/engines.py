@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from loadtests.processes import free_port, loopback_url, serve_command, wait_until_ok
-from loadtests.workload_file import Engines, Workload
+from loadtests.workload_file import ArmSpec, Engines, Workload
 
 STOP_GRACE_S = 30.0
 FACTS = (
@@ -118,13 +118,20 @@ def startup_facts(argv: list[str], log: str, metrics: str) -> dict[str, dict[str
     return {fact: found[fact] for fact in FACTS}
 
 
-def engine_argv(command: str, port: int) -> list[str]:
+def engine_argv(command: str, port: int, engine_args: str = "") -> list[str]:
     """The argument list of an engine's ``command`` on ``port``: placeholders filled
-    in, and ``whoseturn`` run as this interpreter's ``python -m proxy``."""
+    in (an arm's ``engine_args`` at ``{engine_args}``, else at the end), and
+    ``whoseturn`` run as this interpreter's ``python -m proxy``."""
     from loadtests.vllm import model_dir, vllm_python
 
+    if engine_args and "{engine_args}" not in command:
+        command += " {engine_args}"
     filled = command.format(
-        port=port, python=sys.executable, vllm_python=vllm_python(), model_dir=model_dir()
+        port=port,
+        python=sys.executable,
+        vllm_python=vllm_python(),
+        model_dir=model_dir(),
+        engine_args=engine_args,
     )
     argv = shlex.split(filled)
     if argv and argv[0] == "whoseturn":
@@ -167,11 +174,11 @@ class Started:
 
 
 @contextmanager
-def started(out: Path, arm: str, workload: Workload) -> Iterator[Started]:
+def started(out: Path, arm_spec: ArmSpec, workload: Workload) -> Iterator[Started]:
     """Start ``workload``'s engines (and, for the proxy arm, ``whoseturn serve`` in
     front of them), time each until ready, read the engines' startup facts; yield
     them; stop them all on exit. Logs go to ``out/<arm>-*.log``."""
-    spec = workload.engines
+    spec, arm = workload.engines, arm_spec.name
     if spec is None:
         raise ValueError(f"{workload.name}: the workload names no engines")
     with ExitStack() as stack:
@@ -179,7 +186,7 @@ def started(out: Path, arm: str, workload: Workload) -> Iterator[Started]:
         for n in range(spec.count):  # all spawned first: they load side by side
             port = free_port()
             log = out / f"{arm}-engine-{n}.log"
-            argv = engine_argv(spec.command, port)
+            argv = engine_argv(spec.command, port, arm_spec.engine_args)
             process = _spawn(argv, log, spec, stack)
             engines.append(Server(f"engine-{n}", loopback_url(port), argv, process, log))
         spawned = time.monotonic()
@@ -194,7 +201,7 @@ def started(out: Path, arm: str, workload: Workload) -> Iterator[Started]:
             engine.ready_s = time.monotonic() - spawned
             engine.facts = startup_facts(engine.argv, _read(engine.log), _metrics(engine.url))
         proxy = None
-        if arm == "proxy":
+        if arm_spec.via == "proxy":
             port = free_port()
             listed = [{"url": e.url, "name": e.name, "models": [workload.model]} for e in engines]
             argv = serve_command(

@@ -126,6 +126,14 @@ class ArmRun:
     started_at: float
     records: dict[str, list[Record]] = field(default_factory=dict)
     jobs: dict[str, list[Job]] = field(default_factory=dict)
+    priority: dict[str, int] = field(default_factory=dict)  # class: the arm's request priority
+
+    def body(self, workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
+        """:func:`body`, with the arm's priority for the class if it sets one."""
+        out = body(workload, cls, i)
+        if cls.name in self.priority:
+            out["priority"] = self.priority[cls.name]
+        return out
 
     def window(self, workload: Workload) -> tuple[float, float]:
         """The window of the latencies (monotonic seconds): after warm-up, to the end.
@@ -135,12 +143,13 @@ class ArmRun:
         return self.started_at + plan.warmup_s, self.started_at + plan.duration_s
 
 
-def new_run(workload: Workload) -> ArmRun:
-    """An empty run that starts now."""
+def new_run(workload: Workload, priority: dict[str, int] | None = None) -> ArmRun:
+    """An empty run that starts now; ``priority``: the arm's request priorities."""
     return ArmRun(
         time.monotonic(),
         {cls.name: [] for cls in workload.classes},
         {cls.name: [] for cls in workload.classes if cls.route == "batch-api"},
+        dict(priority or {}),
     )
 
 
@@ -196,7 +205,7 @@ async def _jobs(
     async def one(i: int) -> None:
         job = Job(f"{cls.name}-{i}", cls.name, cls.job_lines, time.monotonic())
         run.jobs[cls.name].append(job)
-        await run_job(http, base, workload, cls, i, job, end)
+        await run_job(http, base, workload, cls, i, job, end, run.priority.get(cls.name))
 
     if cls.arrival.process == "closed":
 
@@ -215,7 +224,7 @@ async def _jobs(
     await asyncio.gather(*tasks)
 
 
-def job_file(workload: Workload, cls: TrafficClass, i: int) -> bytes:
+def job_file(workload: Workload, cls: TrafficClass, i: int, priority: int | None = None) -> bytes:
     """Job ``i``'s input file: ``job_lines`` requests, each made as :func:`body` makes
     request ``i * job_lines + k`` of the class."""
     lines = []
@@ -226,7 +235,8 @@ def job_file(workload: Workload, cls: TrafficClass, i: int) -> bytes:
                 "custom_id": f"{cls.name}-{n}",
                 "method": "POST",
                 "url": f"/v1{PATHS[cls.api]}",
-                "body": body(workload, cls, n),
+                "body": body(workload, cls, n)
+                | ({} if priority is None else {"priority": priority}),
             }
         )
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -261,11 +271,12 @@ async def run_job(
     i: int,
     job: Job,
     end: float,
+    priority: int | None = None,
 ) -> Job:
     """Upload job ``i``'s file, create the batch, look at it every ``poll_s`` until it
     ends (cancelling it at ``end``), then count its output; ``job``."""
     try:
-        files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i))}
+        files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i, priority))}
         uploaded = await http.post(f"{base}/v1/files", files=files, data={"purpose": "batch"})
         uploaded.raise_for_status()
         created = await http.post(
@@ -307,7 +318,7 @@ async def _open_loop(
         await asyncio.sleep(max(0.0, run.started_at + at - time.monotonic()))
         record = _record(cls, i, route(cls))
         run.records[cls.name].append(record)
-        tasks.append(asyncio.create_task(stream(http, record, body(workload, cls, i))))
+        tasks.append(asyncio.create_task(stream(http, record, run.body(workload, cls, i))))
     await asyncio.gather(*tasks)
 
 
@@ -324,7 +335,7 @@ async def _worker(
         i = next(counter)
         record = _record(cls, i, route(cls))
         run.records[cls.name].append(record)
-        task = asyncio.create_task(stream(http, record, body(workload, cls, i)))
+        task = asyncio.create_task(stream(http, record, run.body(workload, cls, i)))
         open_streams[record.id] = task
         await asyncio.shield(task)
         del open_streams[record.id]

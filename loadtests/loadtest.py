@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=DEFAULT_OUT, help="results go to OUT/<name>-<date-time>/"
     )
     parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the workload file and print what would run (arms, commands, bars)",
+    )
+    parser.add_argument(
         "--setup-note",
         default="",
         metavar="TEXT",
@@ -74,6 +79,9 @@ def run_loadtest(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print(dry_run(workload))
+        return 0
     if workload.engines is not None and (args.target or args.direct):
         print(
             f"whoseturn: error: {args.workload} names its engines (engines:): the harness "
@@ -137,9 +145,9 @@ def _run_started(args: argparse.Namespace, workload: Workload, out: Path, consol
     """Each arm of the workload on engines the harness starts (and its proxy)."""
     arms: dict[str, ArmResult] = {}
     assert workload.engines is not None
-    for arm in workload.arms:
-        console.print(f"{arm}: starting {workload.engines.count} engine(s)")
-        with started(out, arm, workload) as s:
+    for spec in workload.arms:
+        console.print(f"{spec.name}: starting {workload.engines.count} engine(s)")
+        with started(out, spec, workload) as s:
             engines = [e.url for e in s.engines]
             proxy = s.proxy.url if s.proxy else None
             route = proxy_route(proxy) if proxy else direct_route(engines)
@@ -147,15 +155,16 @@ def _run_started(args: argparse.Namespace, workload: Workload, out: Path, consol
                 run_plan(
                     workload,
                     route,
-                    arm=arm,
+                    arm=spec.name,
                     proxy=proxy,
                     out=out,
                     console=console,
                     servers={srv.name: srv.url for srv in s.servers()},
+                    priority=spec.priority,
                 )
             )
             result.started = [srv.to_json() for srv in s.servers()]
-            arms[arm] = result
+            arms[spec.name] = result
     setup = {
         "engines": workload.engines.command,
         "engine_count": workload.engines.count,
@@ -164,7 +173,8 @@ def _run_started(args: argparse.Namespace, workload: Workload, out: Path, consol
     }
     intro = (
         f"Workload `{args.workload}` on {workload.engines.count} engine(s) the harness "
-        f"started fresh for each arm ({', '.join(workload.arms)}): `{workload.engines.command}`."
+        f"started fresh for each arm ({', '.join(a.name for a in workload.arms)}): "
+        f"`{workload.engines.command}`."
     )
     finish(
         out,
@@ -175,3 +185,34 @@ def _run_started(args: argparse.Namespace, workload: Workload, out: Path, consol
         intro=intro,
     )
     return 0
+
+
+def dry_run(workload: Workload) -> str:
+    """What a run of ``workload`` would do: its classes, its arms with the commands
+    that would start their servers, its bars. Nothing is started."""
+    from loadtests.engines import engine_argv
+
+    plan = workload.plan
+    lines = [
+        f"workload {workload.name}: {'a cold run, then ' if plan.cold else ''}"
+        f"{plan.warm_runs} warm run(s) of {plan.duration_s:g} s per arm",
+        *(
+            f"  class {c.name}: route {c.route}, {c.arrival.process} arrivals, "
+            f"prompts from {c.prompt_source}, {c.max_tokens} tokens"
+            for c in workload.classes
+        ),
+    ]
+    for arm in workload.arms:
+        lines.append(f"arm {arm.name} (via {arm.via})")
+        if workload.engines is not None:
+            argv = engine_argv(workload.engines.command, 0, arm.engine_args)
+            lines.append(
+                f"  engines x{workload.engines.count}: {' '.join(argv)}  (port chosen then)"
+            )
+        if arm.priority:
+            lines.append(f"  request priorities: {arm.priority}")
+    lines += [
+        f"bar: {b.figure or 'all valid'} {b.ratio if b.figure else ''}".rstrip()
+        for b in workload.bars
+    ]
+    return "\n".join(lines)

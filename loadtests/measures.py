@@ -23,13 +23,16 @@ from dataclasses import dataclass
 
 from loadtests.client import Record
 from loadtests.harness import Job
+from loadtests.workload_file import Bar
 from proxy.scheduler.budget import percentile
 
 __all__ = [
     "ClassSummary",
+    "Verdict",
     "Window",
     "answer_mismatches",
     "gaps",
+    "judge",
     "pct",
     "summarize",
     "summarize_jobs",
@@ -75,6 +78,7 @@ class ClassSummary:
     queue_p95: float
     valid_per_hour: float
     records_per_hour: float = math.nan  # batch-api: lines answered, whole or not
+    worst_gap_p50: float = math.nan  # the median over streams of each one's worst gap
 
 
 def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float:
@@ -142,6 +146,16 @@ def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
         done_p95=pct(done, 0.95),
         queue_p95=pct(queue, 0.95),
         valid_per_hour=per_hour / length,
+        # a stream the client closed on purpose counts here: its gaps until then are real
+        worst_gap_p50=pct(
+            [
+                r.worst_gap
+                for w in windows
+                for r in w.records
+                if w.start <= r.sent_at <= w.end and len(r.token_times) > 1
+            ],
+            0.50,
+        ),
     )
 
 
@@ -177,6 +191,38 @@ def summarize_jobs(windows: Sequence[tuple[Sequence[Job], float, float]]) -> Cla
         valid_per_hour=sum(j.valid for j in jobs) * 3600.0 / length if jobs else nan,
         records_per_hour=sum(j.completed for j in jobs) * 3600.0 / length if jobs else nan,
     )
+
+
+def judge(bars: Sequence[Bar], figures: dict[str, dict[str, ClassSummary]]) -> list[Verdict]:
+    """Each bar of a workload file on the warm ``figures`` (arm: class: summary)."""
+    out = []
+    for bar in bars:
+        if bar.all_valid:
+            valid = sum(s.valid for arm in figures.values() for s in arm.values())
+            sent = sum(s.requests for arm in figures.values() for s in arm.values())
+            out.append(Verdict(f"valid answers, all arms: {valid} of {sent}", valid == sent))
+            continue
+        cls, _, name = bar.figure.partition(".")
+        a, b = (getattr(figures[arm][cls], name) for arm in bar.ratio)
+        value = a / b if b else math.nan
+        if bar.above is not None:
+            ok, rule = value > bar.above, f"> {bar.above:g}"
+        else:
+            assert bar.at_most is not None
+            ok, rule = value <= bar.at_most, f"<= {bar.at_most:g}"
+        ok = ok and not math.isnan(value)
+        label = f"{bar.figure}: {bar.ratio[0]} / {bar.ratio[1]} = {value:.2f} (bar {rule})"
+        out.append(Verdict(label, ok))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    label: str
+    met: bool
+
+    def line(self) -> str:
+        return f"{self.label}: {'met' if self.met else 'NOT met'}"
 
 
 def answer_mismatches(a: Iterable[Record], b: Iterable[Record]) -> tuple[int, int]:

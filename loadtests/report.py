@@ -69,6 +69,7 @@ def write_result(
     answers: tuple[int, int] | None,
     reasoning: str,
     machine: dict[str, Any] | None = None,
+    verdicts: list[str] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
     added), the figures per arm and class, the answer check, the reasoning, the date."""
@@ -84,6 +85,7 @@ def write_result(
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
         "machine": machine or {},
+        "verdicts": verdicts or [],
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
     }
@@ -167,6 +169,7 @@ def write_report(
     plots: Sequence[str],
     machine: dict[str, dict[str, Any]] | None = None,
     started: dict[str, list[dict[str, Any]]] | None = None,
+    verdicts: list[str] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
     lines = [
@@ -190,6 +193,9 @@ def write_report(
             f"{answers[1]} answers differ.",
             "",
         ]
+    if verdicts:
+        lines += ["The workload's bars, on the warm figures:", ""]
+        lines += [*(f"- {v}" for v in verdicts), ""]
     lines += startup_lines(started or {})
     lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]

@@ -27,6 +27,7 @@ from loadtests.measures import (
     ClassSummary,
     Window,
     answer_mismatches,
+    judge,
     pct,
     summarize_jobs,
     summarize_runs,
@@ -76,6 +77,7 @@ async def run_plan(
     out: Path,
     console: Console,
     servers: dict[str, str] | None = None,
+    priority: dict[str, int] | None = None,
 ) -> ArmResult:
     """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
     its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
@@ -91,7 +93,7 @@ async def run_plan(
         ):
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
             for label in labels:
-                run = new_run(workload)
+                run = new_run(workload, priority)
                 async with _progress(console, f"{arm} ({label})", run, result.turns):
                     await run_arm(workload, route, http, run, batch_api=proxy)
                 if label == "cold":
@@ -171,6 +173,7 @@ def finish(
         (out / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
     drawn = _plots(out, arms)
     machine = {arm: machine_view(r) for arm, r in arms.items()}
+    verdicts = [v.line() for v in judge(workload.bars, {a: figures[a] for a in names})]
     write_result(
         out,
         workload,
@@ -179,6 +182,7 @@ def finish(
         answers=answers,
         reasoning=reasoning,
         machine=machine,
+        verdicts=verdicts,
     )
     write_report(
         out,
@@ -189,10 +193,13 @@ def finish(
         plots=drawn,
         machine=machine,
         started={a: r.started for a, r in arms.items() if r.started},
+        verdicts=verdicts,
     )
     print(warm_table)
     if answers is not None:
         print(f"\nAnswer check: {answers[0]} compared, {answers[1]} differ.")
+    if verdicts:
+        print("\n" + "\n".join(f"- {line}" for line in verdicts))
     print(f"\nReport: {out / 'report.md'}")
     print("Plots: " + ", ".join(str(out / name) for name in drawn))
     return warm_table

@@ -38,7 +38,15 @@ engines:                    # optional: the harness starts these, fresh for each
   ready_timeout_s: 120
   env: {}                   # added to the environment
 proxy: {settings: {}}       # optional, with engines: `whoseturn serve` in front of them
-arms: [direct, proxy]       # with engines: the arms to run, in this order
+arms: [direct, proxy]       # with engines: the arms to run, in this order; or named arms,
+  # each on fresh engines with its own extra engine flags and request priorities:
+  # - {name: priority, via: direct, engine_args: "--scheduling-policy priority",
+  #    priority: {chat: -10, batch: 0}}
+  # ({engine_args} in engines.command is replaced by the arm's)
+bars:                       # optional: verdicts on the warm figures, printed and kept
+  - {figure: chat.ttft_p95, ratio: [direct, proxy], above: 5}   # direct / proxy > 5
+  - {figure: batch.done_p95, ratio: [proxy, direct], at_most: 1.2}
+  - {all_valid: true}       # every request sent after warm-up answered whole
 ```
 """
 
@@ -106,6 +114,29 @@ class Engines:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ArmSpec:
+    """One arm: where its requests go, and what it changes."""
+
+    name: str
+    via: str  # direct: the engines' /v1; proxy: a proxy in front of them
+    engine_args: str = ""
+    priority: dict[str, int] = field(default_factory=dict)  # class: request priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bar:
+    """A verdict: ``figure`` (``class.field`` of :class:`loadtests.measures.ClassSummary`)
+    of arm ``ratio[0]`` divided by arm ``ratio[1]``, above ``above`` or at most
+    ``at_most``; or, with ``all_valid``, every request of every arm valid."""
+
+    figure: str = ""
+    ratio: tuple[str, str] = ("", "")
+    above: float | None = None
+    at_most: float | None = None
+    all_valid: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
     model: str
@@ -114,7 +145,12 @@ class Workload:
     classes: tuple[TrafficClass, ...]
     engines: Engines | None = None
     proxy_settings: dict[str, Any] | None = None
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[ArmSpec, ...] = tuple(ArmSpec(name=a, via=a) for a in ARMS)
+    bars: tuple[Bar, ...] = ()
+
+    @staticmethod
+    def arms_default() -> tuple[ArmSpec, ...]:
+        return tuple(ArmSpec(name=a, via=a) for a in ARMS)
 
     def to_json(self) -> dict[str, Any]:
         """The workload as plain data, for ``result.json``."""
@@ -142,18 +178,22 @@ def load_workload(path: Path) -> Workload:
 def parse_workload(data: Any, *, base: Path) -> Workload:
     """The workload from parsed YAML; trace files are relative to ``base``."""
     top = _mapping(
-        data, "", {"name", "model", "seed", "plan", "classes", "engines", "proxy", "arms"}
+        data,
+        "",
+        {"name", "model", "seed", "plan", "classes", "engines", "proxy", "arms", "bars"},
     )
     classes = _mapping(top.get("classes"), "classes", None)
     if not classes:
         raise WorkloadError("classes: at least one traffic class is needed")
+    servers = _servers(top)
     return Workload(
         name=_typed(top, "name", str, "", "workload"),
         model=_typed(top, "model", str, "", "tiny"),
         seed=_typed(top, "seed", int, "", 0),
         plan=_plan(top.get("plan", {})),
         classes=tuple(_class(str(k), v, base) for k, v in classes.items()),
-        **_servers(top),
+        **servers,
+        bars=_bars(top.get("bars", []), top, servers.get("arms", Workload.arms_default())),
     )
 
 
@@ -184,13 +224,14 @@ def _servers(top: dict[str, Any]) -> dict[str, Any]:
         out["proxy_settings"] = dict(_mapping(d.get("settings", {}), "proxy.settings", None))
     if "arms" in top:
         arms = top["arms"]
-        if not isinstance(arms, list) or not arms or any(a not in ARMS for a in arms):
-            raise WorkloadError(f"arms: a list of {', '.join(ARMS)}, not {arms!r}")
-        if "proxy" in arms and "engines" in top and "proxy" not in top:
-            raise WorkloadError("arms: the proxy arm needs a proxy key (settings may be empty)")
-        out["arms"] = tuple(arms)
+        if not isinstance(arms, list) or not arms:
+            raise WorkloadError(f"arms: a list of arms, not {arms!r}")
+        out["arms"] = tuple(_arm(a, n, top) for n, a in enumerate(arms))
+        names = [a.name for a in out["arms"]]
+        if len(set(names)) != len(names):
+            raise WorkloadError(f"arms: names must differ: {names}")
     elif "engines" in top and "proxy" not in top:
-        out["arms"] = ("direct",)
+        out["arms"] = (ArmSpec(name="direct", via="direct"),)
     return out
 
 
@@ -260,6 +301,74 @@ def _arrival(data: Any, at: str, base: Path) -> Arrival:
     if rate <= 0 or burstiness <= 0:
         raise WorkloadError(f"{at}.rate, {at}.burstiness: must be positive")
     return Arrival(process=process, rate=rate, burstiness=burstiness)
+
+
+FIGURES = (
+    "ttft_p50",
+    "ttft_p95",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p95",
+    "tpot_p50",
+    "done_p50",
+    "done_p95",
+    "queue_p95",
+    "valid_per_hour",
+    "records_per_hour",
+    "worst_gap_p50",
+)
+
+
+def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Bar, ...]:
+    if not isinstance(data, list):
+        raise WorkloadError("bars: must be a list")
+    names = {a.name for a in arms}
+    out = []
+    for n, item in enumerate(data):
+        at = f"bars[{n}]."
+        d = _mapping(item, at.rstrip("."), {"figure", "ratio", "above", "at_most", "all_valid"})
+        if d.get("all_valid") is True and len(d) == 1:
+            out.append(Bar(all_valid=True))
+            continue
+        figure = _typed(d, "figure", str, at, None)
+        cls, _, name = figure.partition(".")
+        if cls not in (top.get("classes") or {}) or name not in FIGURES:
+            raise WorkloadError(f"{at}figure: CLASS.FIGURE, FIGURE one of {', '.join(FIGURES)}")
+        ratio = d.get("ratio")
+        if not isinstance(ratio, list) or len(ratio) != 2 or not set(ratio) <= names:
+            raise WorkloadError(f"{at}ratio: two arms of {', '.join(sorted(names))}")
+        if ("above" in d) == ("at_most" in d):
+            raise WorkloadError(f"{at}above: give above or at_most, one of them")
+        above = float(_typed(d, "above", (int, float), at, None)) if "above" in d else None
+        at_most = float(_typed(d, "at_most", (int, float), at, None)) if "at_most" in d else None
+        out.append(Bar(figure=figure, ratio=(ratio[0], ratio[1]), above=above, at_most=at_most))
+    return tuple(out)
+
+
+def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
+    if isinstance(data, str):
+        data = {"name": data, "via": data}
+    d = _mapping(data, f"arms[{n}]", {"name", "via", "engine_args", "priority"})
+    at = f"arms[{n}]."
+    via = _choice(d, "via", ARMS, at)
+    if via == "proxy" and "engines" in top and "proxy" not in top:
+        raise WorkloadError(f"{at}via: the proxy arm needs a proxy key (settings may be empty)")
+    priority = _mapping(d.get("priority", {}), at + "priority", None)
+    classes = top.get("classes") or {}
+    for cls, value in priority.items():
+        if cls not in classes:
+            raise WorkloadError(f"{at}priority.{cls}: no such class")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise WorkloadError(f"{at}priority.{cls}: wrong type: {value!r}")
+    engine_args = _typed(d, "engine_args", str, at, "")
+    if engine_args and "engines" not in top:
+        raise WorkloadError(f"{at}engine_args: only with engines (the harness starts them)")
+    return ArmSpec(
+        name=_typed(d, "name", str, at, None),
+        via=via,
+        engine_args=engine_args,
+        priority={str(k): int(v) for k, v in priority.items()},
+    )
 
 
 def _mapping(data: Any, at: str, keys: set[str] | None) -> dict[str, Any]:

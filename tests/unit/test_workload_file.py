@@ -83,7 +83,7 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
         ("engines", {"comand": "x {port}"}, "engines.comand: unknown key"),
         ("engines", {"command": "x {port}", "count": 0}, "engines.count: must be at least 1"),
         ("proxy", {"settings": {}}, "proxy: only with engines"),
-        ("arms", ["direct", "both"], "arms: a list of direct, proxy"),
+        ("arms", ["direct", "both"], "1].via: one of direct, proxy, not 'both'"),
         ("classes.chat.prompt", {"source": "rfcs"}, "classes.chat.prompt.source: one of"),
         ("classes.chat.job_lines", 5, "classes.chat.job_lines: only for route batch-api"),
         ("classes.batch.route", "batch-api", "classes.batch.job_lines: missing"),
@@ -157,13 +157,53 @@ def test_engines_proxy_and_arms() -> None:
     data["engines"] = {"command": "whoseturn sim --port {port}", "count": 2}
     w = parse_workload(data, base=Path())
     assert w.engines is not None and w.engines.count == 2 and w.engines.health == "/health"
-    assert w.arms == ("direct",)  # no proxy key: nothing to put in front of the engines
+    assert [a.name for a in w.arms] == [
+        "direct"
+    ]  # no proxy key: nothing to put in front of the engines
     data["proxy"] = {"settings": {"scrape_interval_s": 0.5}}
     w = parse_workload(data, base=Path())
-    assert w.arms == ("direct", "proxy") and w.proxy_settings == {"scrape_interval_s": 0.5}
+    assert [a.via for a in w.arms] == ["direct", "proxy"] and w.proxy_settings == {
+        "scrape_interval_s": 0.5
+    }
     del data["proxy"]
     data["arms"] = ["proxy"]
-    with pytest.raises(WorkloadError, match="arms: the proxy arm needs a proxy key"):
+    with pytest.raises(WorkloadError, match=r"arms\[0\]\.via: the proxy arm needs a proxy key"):
+        parse_workload(data, base=Path())
+    data["arms"] = [
+        "direct",
+        {
+            "name": "prio",
+            "via": "direct",
+            "engine_args": "--scheduling-policy priority",
+            "priority": {"chat": -10, "batch": 0},
+        },
+    ]
+    w = parse_workload(data, base=Path())
+    assert w.arms[1].engine_args == "--scheduling-policy priority"
+    assert w.arms[1].priority == {"chat": -10, "batch": 0}
+
+
+@pytest.mark.parametrize(
+    ("arm", "named"),
+    [
+        ({"name": "a", "via": "sideways"}, r"arms\[0\]\.via: one of direct, proxy"),
+        (
+            {"name": "a", "via": "direct", "priority": {"bulk": 1}},
+            r"arms\[0\]\.priority\.bulk: no such",
+        ),
+        (
+            {"name": "a", "via": "direct", "priority": {"chat": "hi"}},
+            r"arms\[0\]\.priority\.chat: wrong",
+        ),
+        ({"via": "direct"}, r"arms\[0\]\.name: missing"),
+        ({"name": "a", "via": "direct", "flags": "x"}, r"arms\[0\]\.flags: unknown key"),
+    ],
+)
+def test_a_bad_arm_names_the_key(arm: dict[str, Any], named: str) -> None:
+    data = _good()
+    data["engines"] = {"command": "whoseturn sim --port {port}"}
+    data["arms"] = [arm]
+    with pytest.raises(WorkloadError, match=named):
         parse_workload(data, base=Path())
 
 

@@ -4,17 +4,20 @@ the Batch API class's counting (loadtests.harness, loadtests.measures)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from loadtests.engines import engine_argv, startup_facts
 from loadtests.harness import Job, count_output
-from loadtests.measures import summarize_jobs
+from loadtests.measures import ClassSummary, judge, summarize_jobs
 from loadtests.watch import ProcessView, energy_joules, peaks
+from loadtests.workload_file import Bar
 
 VLLM_LOG = """\
 (APIServer pid=1) INFO [api_utils.py:286] non-default args: {'host': '127.0.0.1', \
@@ -122,3 +125,41 @@ def test_job_figures_per_hour_over_the_runs_summed_length() -> None:
     assert s.done_p50 == pytest.approx(2.0)  # the cancelled job's time is no completion
     empty = summarize_jobs([([], 0.0, 10.0)])
     assert math.isnan(empty.valid_per_hour) and math.isnan(empty.records_per_hour)
+
+
+def _summary(**figures: float) -> ClassSummary:
+    names = "ttft_p50 ttft_p95 ttft_p99 itl_p50 itl_p95 tpot_p50 done_p50 done_p95 queue_p95"
+    base = dict.fromkeys([*names.split(), "valid_per_hour"], 1.0)
+    return ClassSummary(requests=3, valid=3, **{**base, **figures})  # type: ignore[arg-type]
+
+
+def test_bars_judge_ratios_of_two_arms_and_validity() -> None:
+    bars = (
+        Bar(figure="chat.ttft_p95", ratio=("fcfs", "proxy"), above=5),
+        Bar(figure="batch.done_p95", ratio=("proxy", "fcfs"), at_most=1.2),
+        Bar(figure="chat.ttft_p95", ratio=("proxy", "fcfs"), above=1),
+        Bar(all_valid=True),
+    )
+    figures = {
+        "fcfs": {"chat": _summary(ttft_p95=12.0), "batch": _summary(done_p95=10.0)},
+        "proxy": {"chat": _summary(ttft_p95=0.4), "batch": _summary(done_p95=12.5)},
+    }
+    verdicts = judge(bars, figures)
+    assert [v.met for v in verdicts] == [True, False, False, True]
+    assert verdicts[0].line() == "chat.ttft_p95: fcfs / proxy = 30.00 (bar > 5): met"
+    assert verdicts[1].line() == "batch.done_p95: proxy / fcfs = 1.25 (bar <= 1.2): NOT met"
+    figures["proxy"]["chat"] = dataclasses.replace(figures["proxy"]["chat"], valid=2)
+    assert judge(bars[3:], figures)[0].line() == "valid answers, all arms: 11 of 12: NOT met"
+    nan = _summary(ttft_p95=math.nan)
+    assert not judge(bars[:1], {"fcfs": {"chat": nan}, "proxy": {"chat": nan}})[0].met
+
+
+def test_the_compare_workload_parses_and_dry_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import cli
+
+    path = Path(__file__).parents[3] / "loadtests" / "workloads" / "compare.yaml"
+    assert cli.main("loadtest", [str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "arm priority (via direct)" in out and "--scheduling-policy priority" in out
+    assert "--long-prefill-token-threshold 256" in out
+    assert out.count("\nbar: ") == 9
