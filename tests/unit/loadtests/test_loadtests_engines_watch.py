@@ -16,7 +16,7 @@ import pytest
 from loadtests.engines import engine_argv, startup_facts
 from loadtests.harness import Job, count_output
 from loadtests.measures import ClassSummary, judge, summarize_jobs
-from loadtests.watch import ProcessView, energy_joules, peaks
+from loadtests.watch import ProcessView, energy_joules, gpu_sample, peaks
 from loadtests.workload_file import Bar
 
 VLLM_LOG = """\
@@ -163,3 +163,20 @@ def test_the_compare_workload_parses_and_dry_runs(capsys: pytest.CaptureFixture[
     assert "arm priority (via direct)" in out and "--scheduling-policy priority" in out
     assert "--long-prefill-token-threshold 256" in out
     assert out.count("\nbar: ") == 9
+
+
+def test_gpu_samples_are_read_from_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in ``nvidia-smi`` on PATH prints what the real one prints for
+    ``--query-gpu=memory.used,power.draw --format=csv,noheader,nounits``."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '81559, 120.50\\n1024, [N/A]\\n512, 75.00\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert gpu_sample() == [  # a GPU whose power is not available is left out
+        {"memory_mib": 81559.0, "power_w": 120.5},
+        {"memory_mib": 512.0, "power_w": 75.0},
+    ]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpu_sample() is None
