@@ -352,14 +352,10 @@ class RelayResponse(StreamingResponse):
 
     async def _bytes(self) -> AsyncIterator[bytes]:
         try:
-            async for events in self.relay.chunks():
-                # one read's events in one send: bytes as the engine framed them
-                if self.include_usage:
-                    body = events[0].raw if len(events) == 1 else b"".join(e.raw for e in events)
-                else:
-                    body = b"".join(e.raw for e in events if not e.is_usage_only)
-                if body:
-                    yield body
+            async for event in self.relay.events():
+                if event.is_usage_only and not self.include_usage:
+                    continue
+                yield event.raw
             self.outcome = "engine_error" if self.relay.stats.engine_error else "ok"
             self.monitor.request_succeeded(self.relay.engine)
         except (httpx.HTTPError, UpstreamError) as exc:

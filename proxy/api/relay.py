@@ -85,39 +85,25 @@ class Relay:
         self._prefill = metrics.prefill.labels(*self._labels)
         self._inter_token = metrics.inter_token.labels(*self._labels)
 
-    async def chunks(self) -> AsyncIterator[list[SSEEvent]]:
-        """The engine's events as they complete, those that one upstream read
-        completed together (each observed: tokens timed, usage and errors kept); read
-        errors propagate (httpx), and silence past the phase's read timeout raises
-        :class:`EngineTimeout`.
+    async def events(self) -> AsyncIterator[SSEEvent]:
+        """The engine's events as they complete; read errors propagate (httpx), and
+        silence past the phase's read timeout raises :class:`EngineTimeout`.
 
-        Each read is followed by a checkpoint. One read can bring hundreds of events
-        (a backlog, when the engine runs ahead of the proxy), and reading a buffered
-        stream or sending to the client need not suspend: without the checkpoint the
-        event loop would not run until the backlog was drained, so a client's hang-up
-        (and every other request) would wait that long. A caller relays one read's
-        events in one send, so a backlog costs one write, not one per event.
+        Each event is followed by a checkpoint. One read can bring hundreds of events
+        (a backlog, when the engine runs ahead of the proxy), and sending them to the
+        client never suspends while its socket takes them or once it is gone: without
+        the checkpoint the event loop would not run until the backlog was drained, so
+        a client's hang-up (and every other request) would wait that long.
         """
         reader = SSEReader()
         chunks = self.response.aiter_raw()
         limit = self.services.timeouts.first_byte_s
         while (chunk := await self._next(chunks, limit)) is not None:
             limit = self.services.timeouts.idle_s
-            events = reader.feed(chunk)
-            for event in events:
+            for event in reader.feed(chunk):
                 self._observe(event)
-            if events:
-                yield events
-            await anyio.lowlevel.checkpoint()
-
-    async def events(self) -> AsyncIterator[SSEEvent]:
-        """The engine's events one by one (see :meth:`chunks`), a checkpoint between
-        any two of them (each may cost its reader work: an assembled answer)."""
-        async for events in self.chunks():
-            for i, event in enumerate(events):
-                if i:
-                    await anyio.lowlevel.checkpoint()
                 yield event
+                await anyio.lowlevel.checkpoint()
 
     async def _next(self, chunks: AsyncIterator[bytes], limit: float) -> bytes | None:
         """The next chunk, ``None`` at the end, :class:`EngineTimeout` after

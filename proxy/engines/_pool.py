@@ -38,8 +38,9 @@ def make_http_client(
     if transport is None:
         per_shard = -(-connections // POOL_SHARDS)
         limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        tls = httpx.create_ssl_context()  # one for all: each costs loading the CA bundle
         transport = ShardedTransport(
-            [httpx.AsyncHTTPTransport(limits=limits) for _ in range(POOL_SHARDS)]
+            [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
         )
     return httpx.AsyncClient(
         transport=transport,
