@@ -37,6 +37,7 @@ from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
 from proxy.config import Settings
 from proxy.engines import (
+    EngineConnectTimeout,
     EngineHTTPError,
     EngineMonitor,
     EnginePool,
@@ -48,6 +49,9 @@ from proxy.scheduler import Job, TrafficClass
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+ANSWERED_LATELY_S = 10.0
+"""A connect timeout on an engine that answered within this long is the proxy's own
+delay: the connection is tried once more, and the engine is not ejected."""
 DONE = b"data: [DONE]\n\n"
 
 
@@ -173,24 +177,50 @@ class Forwarder:
         while True:
             admitted = await self._wait(ticket, retried)
             retried = True
-            client = self.pool.client_for(admitted.engine)
-            body = ticket.req.body_for(client.config.scheduling_policy)
+            try:
+                return await self._connect(ticket, admitted)
+            except BaseException as exc:
+                self._open_failed(ticket, admitted, exc)
+
+    async def _connect(self, ticket: Ticket, admitted: Admitted) -> Opened:
+        """Open the job's upstream stream on its engine. A connect timeout on an
+        engine that answered lately is tried once more: under a burst of new streams
+        the proxy's own event loop can be too busy to see a connection made in time,
+        and the request was not sent yet (the 503s once seen at 1,024 streams)."""
+        client = self.pool.client_for(admitted.engine)
+        body = ticket.req.body_for(client.config.scheduling_policy)
+        timeout = self.settings.first_byte_timeout_s
+        for attempt in range(2):
             stack = AsyncExitStack()
             try:
-                timeout = self.settings.first_byte_timeout_s
                 opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
                 response = await stack.enter_async_context(opening)
-                return Opened(admitted, response, stack)
-            except BaseException as exc:
+            except EngineConnectTimeout as exc:
                 await close_shielded(stack)
-                self._open_failed(ticket, admitted, exc)
+                if attempt or not self.monitor.answered_within(admitted.engine, ANSWERED_LATELY_S):
+                    raise
+                logger.info(
+                    "%s: %s on %s, which answered lately: connecting again",
+                    ticket.id,
+                    exc,
+                    admitted.engine,
+                )
+            except BaseException:
+                await close_shielded(stack)
+                raise
+            else:
+                self.monitor.answered(admitted.engine)
+                return Opened(admitted, response, stack)
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _open_failed(self, ticket: Ticket, admitted: Admitted, exc: BaseException) -> None:
         """Returns if the job was queued again for another engine; else raises what
         the client is to see."""
         engine = admitted.engine
         if isinstance(exc, EngineUnavailable):
-            self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
+            slow = isinstance(exc, EngineConnectTimeout)
+            if not (slow and self.monitor.answered_within(engine, ANSWERED_LATELY_S)):
+                self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
             raise engine_unavailable(f"No engine could take the request: {exc}") from exc

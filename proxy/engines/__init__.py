@@ -10,6 +10,7 @@ current. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
 from proxy.engines._client import EngineClient
 from proxy.engines._exceptions import (
     EngineBadResponse,
+    EngineConnectTimeout,
     EngineHTTPError,
     EngineStreamBroken,
     EngineTimeout,
@@ -24,6 +25,7 @@ from proxy.engines._pool import EnginePool, make_http_client
 __all__ = [
     "EngineBadResponse",
     "EngineClient",
+    "EngineConnectTimeout",
     "EngineHTTPError",
     "EngineMonitor",
     "EnginePool",
