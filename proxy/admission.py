@@ -167,6 +167,10 @@ class Admission:
     def now(self) -> float:
         return self._scheduler.clock.now()
 
+    def knows(self, job_id: str) -> bool:
+        """Whether a job of that id is queued, in flight or waiting for its turn."""
+        return job_id in self._waiters or job_id in self._scheduler.jobs
+
     def models(self) -> list[str]:
         """Every model some engine serves, sorted."""
         return self._scheduler.models()
