@@ -8,6 +8,8 @@
   four engines, served through Playwright's request interception: every engine
   gets its card with its turn and held reason, and the page says
   ``reconnecting`` while ``/turn`` is unreachable and recovers after.
+- A page opened after a minute of batch turns draws that minute at once, from the
+  proxy's own history (``/turn/history``), and says the share of the last 10 s.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from playwright.sync_api import Page, Route
 
 from proxy.admission import Admission
 from proxy.api.status import install_status_route
-from proxy.api.turn import log_body, turn_body
+from proxy.api.turn import history_body, log_body, turn_body
 from proxy.clock import VirtualClock
 from proxy.scheduler import (
     BudgetSettings,
@@ -344,6 +346,8 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
             route.abort("connectionrefused")
         elif path.startswith("/turn/log"):
             route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
         elif path.startswith("/turn"):
             route.fulfill(json=turn_body(admission))
         else:
@@ -382,3 +386,54 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     page.wait_for_selector('#connection[data-state="live"]', timeout=5000)
     wait_turn(page, "engine-a", "batch", 3)
     assert not strays, strays
+
+
+def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
+    clock = VirtualClock(1000.0)
+    engine = EngineSettings(name="engine-a", models=frozenset({"a"}))
+    scheduler = Scheduler([engine], clock)
+    scheduler.submit(
+        Job(id="doc", cls=TrafficClass.BATCH, model="a", prompt_tokens=100, arrival=1000.0)
+    )
+    scheduler.dispatch()
+    for _ in range(70):  # seventy seconds of batch's turn, before the page exists
+        clock.advance(1.0)
+        scheduler.tick()
+    admission = Admission(scheduler)
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
+        elif path.startswith("/turn/log"):
+            route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn"):
+            route.fulfill(json=turn_body(admission))
+        else:
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    wait_turn(page, "engine-a", "batch", 5)
+    page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .recent').textContent !== ''"
+    )
+    assert page.inner_text('[data-engine="engine-a"] .recent') == "batch 100% of the last 10 s"
+    # the timeline is batch's colour from its left edge to now, on the first draw
+    colours = page.eval_on_selector(
+        '[data-engine="engine-a"] .timeline',
+        """c => [0.02, 0.5, 0.98].map(f => {
+            const d = c.getContext('2d').getImageData(Math.floor(c.width * f), 5, 1, 1).data;
+            return [d[0], d[1], d[2]];
+        })""",
+    )
+    batch = page.evaluate(
+        "getComputedStyle(document.documentElement).getPropertyValue('--batch').trim()"
+    )
+    expected = [int(batch[i : i + 2], 16) for i in (1, 3, 5)]
+    assert colours == [expected] * 3, (colours, batch)
