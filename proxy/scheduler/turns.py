@@ -164,9 +164,10 @@ def _batch_clause(r: Json) -> str:
     prefill = r["prefill_tokens"]["interactive"] + r["prefill_tokens"]["batch"]
     limit = r["budget"]["tokens"]
     budget = f"{prefill:,} of {limit:,} budget tokens in prefill"
-    if prefill > limit:  # the single-request rule, not a broken budget
+    if prefill > limit:  # not a broken budget: say which rule let it pass
         budget = f"{prefill:,} tokens in prefill, over the {limit:,} budget: "
-        budget += "one prompt is always allowed"
+        within = r["prefill_tokens"]["batch"] <= limit and r["prefill_tokens"]["interactive"]
+        budget += "chat is never held by it" if within else "one prompt is always allowed"
     reason = r["held_reason"]
     if reason is None:
         if queued or r["prefill_tokens"]["batch"] or r["decode_streams"]["batch"]:

@@ -421,6 +421,9 @@ def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
     page.goto("http://whoseturn.test/status")
     wait_turn(page, "engine-a", "batch", 5)
     page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .timeline').width > 0"
+    )
+    page.wait_for_function(
         "document.querySelector('[data-engine=\"engine-a\"] .recent').textContent !== ''"
     )
     assert page.inner_text('[data-engine="engine-a"] .recent') == "batch 100% of the last 10 s"
@@ -437,3 +440,71 @@ def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
     )
     expected = [int(batch[i : i + 2], 16) for i in (1, 3, 5)]
     assert colours == [expected] * 3, (colours, batch)
+
+
+def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path) -> None:
+    """A minute of chat beside batch, its first tokens slow: the budget is cut to
+    its floor, and the page says which signal cut it and ties the red TTFT to it."""
+    clock = VirtualClock(1000.0)
+    engine = EngineSettings(name="engine-a", models=frozenset({"a"}), batch_max_inflight=8)
+    scheduler = Scheduler([engine], clock)
+    ids = iter(range(10**6))
+
+    def job(cls: TrafficClass, tokens: int) -> str:
+        job_id = f"{cls.value}-{next(ids)}"
+        scheduler.submit(
+            Job(id=job_id, cls=cls, model="a", prompt_tokens=tokens, arrival=clock.now())
+        )
+        scheduler.dispatch()
+        return job_id
+
+    job(TrafficClass.BATCH, 300)
+    for _ in range(20):  # a minute: a second of slow chats beside batch, then two of batch
+        chats = [job(TrafficClass.INTERACTIVE, 400) for _ in range(20)]
+        clock.advance(1.0)
+        for chat in chats:
+            scheduler.on_first_token(chat)
+            scheduler.on_finished(chat)
+        for _ in range(2):
+            clock.advance(1.0)
+            scheduler.tick()
+    job(TrafficClass.BATCH, 300)
+    job(TrafficClass.INTERACTIVE, 400)  # a chat now: interactive's turn
+    clock.advance(0.3)
+    budget = scheduler.engines["engine-a"].budget
+    assert budget.tokens == budget.settings.min_tokens
+    admission = Admission(scheduler)
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
+        elif path.startswith("/turn/log"):
+            route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn"):
+            route.fulfill(json=turn_body(admission))
+        else:
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    wait_turn(page, "engine-a", "interactive", 5)
+    why = page.locator('[data-engine="engine-a"] .budget-why')
+    why.wait_for()
+    page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .budget-why').textContent !== ''"
+    )
+    assert why.get_attribute("data-state") == "floor"
+    assert why.inner_text().startswith(
+        "Budget 512 tokens, at its floor: cut for the time to first token (p95 1.00 s over"
+        " its aim 240 ms, target 300 ms, 20 samples"
+    )
+    ttft = page.inner_text('[data-engine="engine-a"] .ttft-caption')
+    assert "over target" in ttft and "budget cut to 512 for it" in ttft
+    page.wait_for_timeout(1200)  # the timeline's history poll
+    page.screenshot(path=str(artifacts / "status-budget-floor.png"), full_page=True)

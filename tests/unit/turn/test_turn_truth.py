@@ -155,3 +155,12 @@ def test_a_steady_budget_adds_nothing_to_the_sentence() -> None:
     report = turn_body(s.admission)["engines"][0]
     assert report["budget"]["state"] == "steady" and report["budget"]["why"] is None
     assert "budget " not in sentence(report).split("—", 1)[1].replace("budget tokens", "")
+
+
+def test_chat_over_the_budget_is_named_as_never_held_by_it() -> None:
+    s = Scenario()
+    s.submit("doc", BATCH, 6000)  # within the 8,192 budget
+    s.submit("chat", CHAT, 4000)  # chat is never held by the budget: 10,000 in prefill
+    words = sentence(turn_body(s.admission)["engines"][0])
+    assert "10,000 tokens in prefill, over the 8,192 budget: chat is never held by it" in words
+    assert "one prompt is always allowed" not in words
