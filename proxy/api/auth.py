@@ -1,8 +1,8 @@
 """Who may call what, when ``api_keys`` is set (with none set, every route is open).
 
 - ``GET /healthz``, ``GET /readyz``: no key (liveness and readiness probes);
-- ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/status``,
-  ``/v1/models``, ``/batch/v1/models``, ``/openapi.json``, ``/docs``, ``/redoc``:
+- ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/turn/history``,
+  ``/status``, ``/v1/models``, ``/batch/v1/models``, ``/openapi.json``, ``/docs``, ``/redoc``:
   any key, role ``read`` or ``user`` (dashboards, Prometheus' scrape);
 - everything else (the completion routes, and unknown routes): a ``user`` key.
 
@@ -30,6 +30,7 @@ READ_PATHS = frozenset(
         "/metrics",
         "/turn",
         "/turn/log",
+        "/turn/history",
         "/status",
         "/v1/models",
         "/batch/v1/models",
