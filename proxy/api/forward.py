@@ -187,9 +187,7 @@ class Forwarder:
             stack = AsyncExitStack()
             try:
                 timeout = self.settings.first_byte_timeout_s
-                opening = client.stream(
-                    ticket.req.path, body, {"X-Request-Id": ticket.id}, first_byte_timeout_s=timeout
-                )
+                opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
                 response = await stack.enter_async_context(opening)
                 return Opened(admitted, response, stack)
             except BaseException as exc:
