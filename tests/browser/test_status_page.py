@@ -439,7 +439,9 @@ def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
         "getComputedStyle(document.documentElement).getPropertyValue('--batch').trim()"
     )
     expected = [int(batch[i : i + 2], 16) for i in (1, 3, 5)]
-    assert colours == [expected] * 3, (colours, batch)
+    # within a few levels: seconds meet at fractional pixels, blended at the seams
+    near = all(abs(c - e) <= 8 for colour in colours for c, e in zip(colour, expected, strict=True))
+    assert near, (colours, batch)
 
 
 def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path) -> None:
