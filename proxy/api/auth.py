@@ -2,7 +2,8 @@
 
 - ``GET /healthz``, ``GET /readyz``: no key (liveness and readiness probes);
 - ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/turn/history``,
-  ``/status``, ``/v1/models``, ``/batch/v1/models``, ``/openapi.json``, ``/docs``, ``/redoc``:
+  ``/status`` (and ``/status/batches``), ``/v1/models``, ``/batch/v1/models``,
+  ``/openapi.json``, ``/docs``, ``/redoc``:
   any key, role ``read`` or ``user`` (dashboards, Prometheus' scrape);
 - everything else (the completion routes, and unknown routes): a ``user`` key.
 
@@ -32,6 +33,7 @@ READ_PATHS = frozenset(
         "/turn/log",
         "/turn/history",
         "/status",
+        "/status/batches",
         "/v1/models",
         "/batch/v1/models",
         "/openapi.json",

@@ -5,6 +5,8 @@ line through the scheduler as batch-class work.
   SQLite backend.
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
 - :mod:`proxy.batch.runner`: drives every active job; its metrics.
+- :mod:`proxy.batch.estimate`: when a job will be done, from recent throughput.
+- :mod:`proxy.batch.view`: the active jobs on ``/metrics`` and ``/status``.
 - :mod:`proxy.batch.routes`: the HTTP routes.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from proxy.batch.routes import BatchAPI, install_batch_routes
 from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
+from proxy.batch.view import EstimateCollector
 from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
 
@@ -40,8 +43,15 @@ async def build_batch(
         window=settings.batch_window,
         max_attempts=settings.batch_max_attempts,
         backoff_s=settings.batch_retry_backoff_s,
+        max_lines=settings.batch_max_lines,
     )
     runner = BatchRunner(
-        store, complete, BatchMetrics(metrics.registry, metrics.batch_records), limits, time.time
+        store,
+        complete,
+        BatchMetrics(metrics.registry, metrics.batch_records),
+        limits,
+        time.time,
+        models_known,
     )
+    metrics.registry.register(EstimateCollector(runner))
     return BatchAPI(settings, store, runner)

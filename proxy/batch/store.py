@@ -9,6 +9,8 @@ runner builds *exactly once* on:
   transaction, or nothing (a bad line raises :class:`LineError`).
 - :meth:`BatchStore.record` stores a line's result and the job's counts in one
   transaction, only if the line had no result yet; it says whether it did.
+- :meth:`BatchStore.fill_batch` stores a ``validating`` job's lines and moves it
+  to ``in_progress`` in one transaction, or stores nothing (:class:`LineError`).
 - :meth:`BatchStore.finalize` writes the output and error files from the recorded
   lines and sets the final status in one transaction; run again after a crash, it
   writes the same files under the same ids.
@@ -16,7 +18,7 @@ runner builds *exactly once* on:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,11 +70,14 @@ class PendingLine:
 class LineResult:
     """A line's outcome: ``ok`` lines go to the output file, the others to the error
     file; ``line`` is the whole JSONL line; ``quality`` is ``valid``/``invalid``
-    where the line asked for structured output, else empty."""
+    where the line asked for structured output, else empty; the tokens are the
+    answer's ``usage``."""
 
     ok: bool
     line: str
     quality: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     times: Mapping[str, int | None] = field(default_factory=dict)
+    errors: list[Json] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,24 @@ class BatchStore(Protocol):
 
     async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
         """Store the job and its lines; raises :class:`LineError` (nothing stored)."""
+        ...
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        """Store the job alone, ``validating``: its lines come with :meth:`fill_batch`."""
+        ...
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        """Store a ``validating`` job's lines and its total, and move it to
+        ``in_progress``; raises :class:`LineError` (nothing stored, still ``validating``)."""
+        ...
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        """Move the job to ``failed`` with OpenAI's ``errors.data`` items."""
+        ...
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        """Record ``line_for(custom_id)`` for every line without a result (counted as
+        failed), in one transaction; how many."""
         ...
 
     async def get_batch(self, batch_id: str) -> BatchRecord | None: ...
