@@ -6,10 +6,17 @@ running count (``vllm:num_requests_running``) and by the proxy's scheduler
 (``GET /turn``: nothing queued, in prefill or decoding):
 
 - (a) queued in the proxy, before the upstream request opens;
-- (b) after the upstream request opened and before its first read (the engine is
-  still in prefill: no token has come back yet), streaming and whole answers;
-- (c) mid-stream;
+- (b) after the upstream request opened, before anything came back from it (the
+  engine still in prefill), streaming and whole answers;
+- (c) mid-stream, reading or not reading what the proxy sends;
 - (d) waiting for a whole (non-streaming) answer.
+
+Over real sockets a missing upstream close is hidden: httpcore closes its
+connection when a read in progress is cancelled or its iterator is finalized, so
+these tests pass even with the proxy's own close made a no-op.
+``tests/unit/api/test_upstream_close.py`` catches that. A non-streaming request's
+disconnect watcher (``until_disconnect``) made a no-op fails (a), (b, whole) and (d)
+here.
 """
 
 from __future__ import annotations
