@@ -17,6 +17,8 @@ typo stops the proxy at start rather than at the first request. Example file::
     idle_timeout_s: 30            # then no silence longer than this between chunks
     outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
+    batch_min_share: 0.05         # batch keeps about this share of each engine's prefill
+    hold_timeout_s: 10            # a chat in prefill longer than this stops holding batch
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -31,7 +33,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
-``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``.
+``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``,
+``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -186,6 +189,9 @@ class Settings:
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
     drain_timeout_s: float = 30.0
+    # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
+    batch_min_share: float = 0.05
+    hold_timeout_s: float = 10.0
 
     # The Batch API (docs/batch.md): off while no store path is set.
     batch_store_path: str = ""
@@ -352,6 +358,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
+    _check(0 <= settings.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
+    _check(settings.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
     _check_batch(settings)
     return settings
 
@@ -372,6 +380,8 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
+    "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
+    "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),
 }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
-from proxy.api.guard import StartWatch
+from proxy.api.guard import StartWatch, new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
@@ -117,7 +116,7 @@ class Forwarder:
         req = await read_request(request, path, default, self.settings)
         self._check_servable(req)
         count = await self.services.counter.count(req)
-        ticket = Ticket(f"wt-{uuid.uuid4().hex}", req, arrival, count)
+        ticket = Ticket(self._job_id(request), req, arrival, count)
         try:
             if req.wish.stream:
                 opened = await until_disconnect(request, self._open(ticket))
@@ -128,6 +127,16 @@ class Forwarder:
         except ClientGone:
             logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
+
+    def _job_id(self, request: Request) -> str:
+        """The request's id (:mod:`proxy.api.guard`), which is its job's id in the
+        scheduler and its decisions' in ``/turn/log``; a client's id already in use
+        by a request in flight is replaced by a new one (the response says which)."""
+        job_id = request_id(request.scope)
+        if self.services.admission.knows(job_id):
+            job_id = new_request_id()
+            set_request_id(request.scope, job_id)
+        return job_id
 
     async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
         """One whole answer for work with no client connection (a batch job's line),

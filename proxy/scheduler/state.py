@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController
+from proxy.scheduler.history import Second, TurnHistory
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -88,6 +89,7 @@ class EngineState:
         self._turn_seconds: dict[Turn, float] = dict.fromkeys(Turn, 0.0)
         self._held_seconds: dict[HeldReason, float] = dict.fromkeys(HeldReason, 0.0)
         self.turn_since = now
+        self.turn_history = TurnHistory()
         self._accounted_at = now
         self._events = events if events is not None else EventTime(now)
         # counters over ``inflight``, kept by admit / start_decode / release
@@ -238,6 +240,7 @@ class EngineState:
         """Charge the time since the last call to the current turn and reason."""
         self._events.advance(now)
         elapsed = self._unaccounted(now)
+        self.turn_history.charge(self._accounted_at, now, self.turn)
         if elapsed:
             self._turn_seconds[self.turn] += elapsed
             if self.held_reason is not None:
@@ -253,6 +256,11 @@ class EngineState:
         out = dict(self._turn_seconds)
         out[self.turn] += self._unaccounted(now)
         return out
+
+    def turn_history_at(self, now: float, last: int | None = None) -> list[Second]:
+        """The ``last`` whole seconds of turns up to ``now`` (a read; see
+        :class:`~proxy.scheduler.history.TurnHistory`)."""
+        return self.turn_history.seconds(self._accounted_at, now, self.turn, last)
 
     def held_seconds_at(self, now: float) -> dict[HeldReason, float]:
         """The time batch was held for each reason up to ``now`` (a read)."""
