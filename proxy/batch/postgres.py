@@ -26,7 +26,7 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from itertools import islice
 from pathlib import Path
@@ -299,12 +299,12 @@ class PostgresStore:
             rows = sorted(await cur.fetchall())
         return [PendingLine(i, c, json.loads(b)) for i, c, b in rows]
 
-    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
+    async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
         sql = (
-            f"UPDATE lines SET lease_until = {NOW} + %s "
-            "WHERE batch_id = %s AND claimed_by = %s AND result IS NULL"
+            f"UPDATE lines SET lease_until = {NOW} + %s WHERE batch_id = %s "
+            "AND idx = ANY(%s) AND claimed_by = %s AND result IS NULL"
         )
-        return await self._count(sql, (lease_s, batch_id, owner))
+        return await self._count(sql, (lease_s, batch_id, list(lines), owner))
 
     async def release(self, batch_id: str, owner: str) -> int:
         sql = (
@@ -314,19 +314,22 @@ class PostgresStore:
         return await self._count(sql, (batch_id, owner))
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
-        async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s AND idx = %s "
-                "AND result IS NULL",
-                (result.ok, result.line, batch_id, idx),
-            )
-            if cur.rowcount != 1:
-                return False
-            count = "completed" if result.ok else "failed"
-            extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
-            sql = f"UPDATE batches SET {count} = {count} + 1{extra} WHERE id = %s"
-            await conn.execute(sql, (batch_id,))
-            return True
+        count = "completed" if result.ok else "failed"
+        extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
+        sql = (
+            "WITH done AS (UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s "
+            "AND idx = %s AND result IS NULL RETURNING 1) "
+            f"UPDATE batches SET {count} = {count} + 1{extra} "
+            "WHERE id = %s AND EXISTS (SELECT FROM done) RETURNING 1"
+        )
+        async with self._pool.connection() as conn:
+            async with conn.pipeline(), conn.transaction():  # one round trip
+                # Not waiting for the WAL flush (SQLite's synchronous=NORMAL, likewise):
+                # a crash of the database itself, not of a replica, may forget the last
+                # records, line and counts together; those lines run again.
+                await conn.execute("SET LOCAL synchronous_commit = off")
+                cur = await conn.execute(sql, (result.ok, result.line, batch_id, idx, batch_id))
+            return await cur.fetchone() is not None
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         now = self._stamp()

@@ -168,10 +168,12 @@ async def test_a_lapsed_lease_is_claimed_again_a_renewed_one_is_not(store: Batch
     await new_job(store, 4)
     assert len(await store.claim("batch_1", "kept", 2, 0.3)) == 2
     assert len(await store.claim("batch_1", "dead", 2, 0.3)) == 2
-    assert await store.renew("batch_1", "kept", 60) == 2
+    assert await store.renew("batch_1", "kept", [1, 2, 3], 60) == 2  # 3 is not its own
     await anyio.sleep(0.6)  # twice the lease: "dead" never renewed
     assert [p.idx for p in await store.claim("batch_1", "next", 10, 30)] == [3, 4]
-    assert await store.renew("batch_1", "dead", 30) == 0  # its lines are someone else's now
+    assert await store.renew("batch_1", "dead", [3, 4], 30) == 0  # someone else's now
+    assert await store.record("batch_1", 1, LineResult(True, "{}"))
+    assert await store.renew("batch_1", "kept", [1, 2], 60) == 1  # 1 has its result
 
 
 async def test_finalize_leaves_a_final_job_as_it_is(store: BatchStore) -> None:
