@@ -119,17 +119,25 @@ def proxy_run(folder: Path, kind: str, store: dict[str, Any], lines: int, max_s:
         "--time-scale", "100", "--port", str(sim_port),
     )  # fmt: skip
     engine = {"url": sim_url, "name": "sim-0", "models": [MODEL]}
-    settings = {**store, "batch_max_lines": lines}
+    data = job_file(lines)
+    # The upload is one request body: the proxy's max_body_bytes (8 MiB by default)
+    # applies to it before batch_max_file_bytes does.
+    settings = {**store, "batch_max_lines": lines, "max_body_bytes": 2 * len(data)}
     serve = processes.serve_command(folder / "proxy.yaml", port=port, engines=[engine], **settings)
     with processes.running(sim), processes.running(serve) as proxy:
         processes.wait_until_ok(sim_url + "/health", timeout_s=30)
         processes.wait_until_ok(url + "/readyz", process=proxy, timeout_s=30)
         before = peak_rss_kb(proxy.pid)
         with httpx.Client(base_url=url, timeout=120) as http:
-            up = http.post("/v1/files", files={"file": ("job.jsonl", job_file(lines))},
-                           data={"purpose": "batch"}).json()  # fmt: skip
-            ask = {"input_file_id": up["id"], "endpoint": CHAT, "completion_window": "24h"}
-            batch_id = http.post("/v1/batches", json=ask).json()["id"]
+            sent = http.post("/v1/files", files={"file": ("job.jsonl", data)},
+                             data={"purpose": "batch"})  # fmt: skip
+            if sent.status_code != 200:
+                raise RuntimeError(f"upload: HTTP {sent.status_code} {sent.text[:300]}")
+            ask = {"input_file_id": sent.json()["id"], "endpoint": CHAT, "completion_window": "24h"}
+            made = http.post("/v1/batches", json=ask)
+            if made.status_code != 200:
+                raise RuntimeError(f"create: HTTP {made.status_code} {made.text[:300]}")
+            batch_id = made.json()["id"]
             start = time.monotonic()
             while True:
                 batch = http.get(f"/v1/batches/{batch_id}").json()

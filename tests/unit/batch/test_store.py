@@ -232,3 +232,18 @@ async def test_postgres_replicas_never_claim_one_line_twice(postgres_db: str) ->
     assert {(r.status, r.output_file_id) for r in results} == {("completed", "file-batch_1-output")}
     for s in stores:
         await s.close()
+
+
+@pytest.mark.integration
+async def test_postgres_store_logs_where_it_is_without_the_password(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    dsn = make_conninfo(postgres_db, password="hunter2")  # trust auth: never asked for
+    caplog.set_level("INFO", logger="proxy.batch.postgres")
+    store = PostgresStore(dsn, lambda: 0.0, pool_size=2)
+    await store.open()
+    await store.close()
+    assert "batch store: PostgreSQL at" in caplog.text and "migrated" in caplog.text
+    assert "hunter2" not in caplog.text
