@@ -189,6 +189,17 @@ async def test_finalize_leaves_a_final_job_as_it_is(store: BatchStore) -> None:
 
 
 @pytest.mark.integration
+async def test_postgres_replicas_starting_together_migrate_once(postgres_db: str) -> None:
+    stores = [PostgresStore(postgres_db, lambda: 0.0, pool_size=2) for _ in range(3)]
+    async with anyio.create_task_group() as group:
+        for s in stores:
+            group.start_soon(s.open)
+    assert [await s.schema_version() for s in stores] == [len(MIGRATIONS)] * 3
+    for s in stores:
+        await s.close()
+
+
+@pytest.mark.integration
 async def test_postgres_schema_is_versioned(postgres_db: str) -> None:
     for _ in range(2):  # the second opens a database already at the newest version
         store = PostgresStore(postgres_db, lambda: 0.0, pool_size=2)
