@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from itertools import islice
@@ -36,6 +38,7 @@ import anyio
 import anyio.to_thread
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -392,20 +395,34 @@ async def _put_chunk(conn: AsyncConnection[Any], file_id: str, n: int, data: byt
 
 
 async def _copy_lines(conn: AsyncConnection[Any], batch_id: str, lines: Iterator[LineSpec]) -> int:
-    """COPY the lines in (parsed off the event loop a page at a time); the count."""
-    seen: set[str] = set()
+    """COPY the lines in (parsed off the event loop a page at a time); the count. A
+    duplicate ``custom_id`` is the unique index's to find, as on SQLite: memory does
+    not grow with the job but for the rows' positions (4 bytes a line)."""
+    positions = array("l")
     cur = conn.cursor()
     sql = "COPY lines (batch_id, idx, custom_id, body) FROM STDIN"
-    async with cur.copy(sql) as copy:
-        while page := await anyio.to_thread.run_sync(_take, lines, INSERT_PAGE):
-            for line in page:
-                if line.custom_id in seen:
-                    raise LineError(line.idx, f"duplicate custom_id `{line.custom_id}`")
-                seen.add(line.custom_id)
-                await copy.write_row((batch_id, line.idx, line.custom_id, line.body))
-    if not seen:
+    try:
+        async with cur.copy(sql) as copy:
+            while page := await anyio.to_thread.run_sync(_take, lines, INSERT_PAGE):
+                for line in page:
+                    positions.append(line.idx)
+                    await copy.write_row((batch_id, line.idx, line.custom_id, line.body))
+    except UniqueViolation as exc:
+        raise _duplicate(exc, batch_id, positions) from None
+    if not positions:
         raise LineError(0, "The input file has no requests.")
-    return len(seen)
+    return len(positions)
+
+
+def _duplicate(exc: UniqueViolation, batch_id: str, positions: array[int]) -> LineError:
+    """The :class:`LineError` for COPY's unique violation: its row number (in the
+    error's context) is a position in ``positions``; its key is in the detail."""
+    row = re.search(r"line (\d+)", exc.diag.context or "")
+    detail = exc.diag.message_detail or ""
+    prefix, suffix = f"Key (batch_id, custom_id)=({batch_id}, ", ") already exists."
+    custom_id = detail[len(prefix) : -len(suffix)] if detail.startswith(prefix) else "?"
+    idx = positions[int(row.group(1)) - 1] if row else 0
+    return LineError(idx, f"duplicate custom_id `{custom_id}`")
 
 
 async def _write_results(

@@ -85,9 +85,9 @@ async def test_a_line_is_recorded_once(store: BatchStore) -> None:
 
 
 async def test_a_bad_job_stores_nothing(store: BatchStore) -> None:
-    bad = jsonl(2) + jsonl(1)  # c0 again on line 3
+    bad = jsonl(2) + b"\n" + jsonl(1)  # c0 again on line 4 (after a blank one)
     new = NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None)
-    with pytest.raises(LineError, match="Line 3: duplicate custom_id `c0`"):
+    with pytest.raises(LineError, match="Line 4: duplicate custom_id `c0`"):
         await store.create_batch(new, read_lines(io.BytesIO(bad), CHAT, 1000))
     assert await store.get_batch("batch_2") is None
 
