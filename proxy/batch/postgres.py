@@ -131,8 +131,13 @@ class PostgresStore:
         self.dsn = dsn
         self._now = now
         self._pool = AsyncConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False, name="whoseturn-batch"
-        )
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="whoseturn-batch",
+            kwargs={"autocommit": True},  # a statement is its own transaction, else
+        )  # conn.transaction() says where one begins and ends
         self._spool: Path | None = None
 
     # -- plumbing -----------------------------------------------------------------
