@@ -11,7 +11,8 @@ and its job queue.
   lines it runs, and releases what it did not run. A replica that dies stops
   renewing; its lines are claimed again once their lease runs out.
 - **Exactly once**: :meth:`PostgresStore.record` stores a result only where none
-  is, in one transaction with the job's counts (as SQLite's). :meth:`finalize`
+  is, in one transaction with the job's counts (as SQLite's); the records that
+  arrive while one is written are written together (group commit). :meth:`finalize`
   takes the job's row lock; a job already final is returned as it is, so the
   replicas that race to finalize write its files once.
 - **Schema**: created and migrated at :meth:`PostgresStore.open` under an advisory
@@ -30,6 +31,7 @@ import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,36 @@ def redacted(dsn: str) -> str:
     return make_conninfo("", **{k: v for k, v in parts.items() if v is not None})
 
 
+RECORD_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(%s::integer[], %s::boolean[], %s::text[], %s::text[])
+        AS t(idx, ok, result, quality)
+), done AS (
+    UPDATE lines l SET ok = i.ok, result = i.result FROM input i
+    WHERE l.batch_id = %s AND l.idx = i.idx AND l.result IS NULL
+    RETURNING l.idx, i.ok, i.quality
+), counted AS (
+    UPDATE batches SET
+        completed = completed + (SELECT count(*) FROM done WHERE ok),
+        failed = failed + (SELECT count(*) FROM done WHERE NOT ok),
+        valid = valid + (SELECT count(*) FROM done WHERE quality = 'valid'),
+        invalid = invalid + (SELECT count(*) FROM done WHERE quality = 'invalid')
+    WHERE id = %s AND EXISTS (SELECT FROM done)
+)
+SELECT idx FROM done
+"""
+
+
+@dataclass
+class _Record:
+    """One :meth:`PostgresStore.record` call waiting for its group's transaction."""
+
+    idx: int
+    result: LineResult
+    done: bool = False
+    stored: bool = False
+
+
 def _batch(row: Any) -> BatchRecord:
     return BatchRecord(
         id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
@@ -139,6 +171,8 @@ class PostgresStore:
             kwargs={"autocommit": True},  # a statement is its own transaction, else
         )  # conn.transaction() says where one begins and ends
         self._spool: Path | None = None
+        self._queued: dict[str, list[_Record]] = {}  # records waiting, by job
+        self._flushing: dict[str, anyio.Lock] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -322,22 +356,40 @@ class PostgresStore:
         return await self._count(sql, (batch_id, owner))
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
-        count = "completed" if result.ok else "failed"
-        extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
-        sql = (
-            "WITH done AS (UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s "
-            "AND idx = %s AND result IS NULL RETURNING 1) "
-            f"UPDATE batches SET {count} = {count} + 1{extra} "
-            "WHERE id = %s AND EXISTS (SELECT FROM done) RETURNING 1"
-        )
+        """Group commit: the records that arrive while one is being written go in the
+        next transaction together (one statement), each told whether it was stored."""
+        mine = _Record(idx, result)
+        self._queued.setdefault(batch_id, []).append(mine)
+        async with self._flushing.setdefault(batch_id, anyio.Lock()):
+            if not mine.done:
+                group, self._queued[batch_id] = self._queued[batch_id], []
+                try:
+                    await self._record_group(batch_id, group)
+                except BaseException:  # the others go in the next group
+                    self._queued[batch_id][:0] = [r for r in group if r is not mine]
+                    raise
+        return mine.stored
+
+    async def _record_group(self, batch_id: str, group: list[_Record]) -> None:
+        first: dict[int, _Record] = {}
+        for r in group:
+            first.setdefault(r.idx, r)  # the same line twice: the later one is not stored
+        rows = list(first.values())
+        args = (
+            [r.idx for r in rows], [r.result.ok for r in rows],
+            [r.result.line for r in rows], [r.result.quality for r in rows],
+            batch_id, batch_id,
+        )  # fmt: skip
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
-                # Not waiting for the WAL flush (SQLite's synchronous=NORMAL, likewise):
-                # a crash of the database itself, not of a replica, may forget the last
-                # records, line and counts together; those lines run again.
+                # Not waiting for the WAL flush (as SQLite's synchronous=NORMAL): a
+                # crash of the database itself, not of a replica, may forget the last
+                # records, lines and counts together; those lines run again.
                 await conn.execute("SET LOCAL synchronous_commit = off")
-                cur = await conn.execute(sql, (result.ok, result.line, batch_id, idx, batch_id))
-            return await cur.fetchone() is not None
+                cur = await conn.execute(RECORD_SQL, args)
+            stored = {int(i) for (i,) in await cur.fetchall()}
+        for r in group:
+            r.done, r.stored = True, first[r.idx] is r and r.idx in stored
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         now = self._stamp()
@@ -361,6 +413,10 @@ class PostgresStore:
                     "times = times || jsonb_build_object(%s::text, %s) WHERE id = %s",
                     (status, out_id, err_id, f"{status}_at", now, batch_id),
                 )
+        lock = self._flushing.get(batch_id)
+        if not self._queued.get(batch_id) and (lock is None or not lock.locked()):
+            self._queued.pop(batch_id, None)  # the job's records are all in
+            self._flushing.pop(batch_id, None)
         found = await self.get_batch(batch_id)
         assert found is not None
         return found

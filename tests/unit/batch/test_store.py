@@ -84,6 +84,27 @@ async def test_a_line_is_recorded_once(store: BatchStore) -> None:
     assert [p.idx for p in await store.pending_lines("batch_1", 1, 1)] == [3]
 
 
+async def test_records_at_once_are_each_stored_once(store: BatchStore) -> None:
+    """64 lines recorded at once, each twice (an ok and a failed result): each line is
+    stored once, the first of its two calls says so, the counts add up."""
+    await new_job(store, 64)
+    said: dict[tuple[int, bool], bool] = {}
+
+    async def put(idx: int, ok: bool) -> None:
+        said[(idx, ok)] = await store.record("batch_1", idx, LineResult(ok, f"{idx}"))
+
+    async with anyio.create_task_group() as group:
+        for idx in range(1, 65):
+            group.start_soon(put, idx, idx % 3 != 0)
+            group.start_soon(put, idx, idx % 3 == 0)
+    assert all(said[(i, True)] != said[(i, False)] for i in range(1, 65))
+    batch = await store.get_batch("batch_1")
+    assert batch is not None
+    stored_ok = sum(said[(i, True)] for i in range(1, 65))
+    assert (batch.completed, batch.failed) == (stored_ok, 64 - stored_ok)
+    assert await store.claim("batch_1", "a", 100, 30) == []
+
+
 async def test_a_bad_job_stores_nothing(store: BatchStore) -> None:
     bad = jsonl(2) + b"\n" + jsonl(1)  # c0 again on line 4 (after a blank one)
     new = NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None)
