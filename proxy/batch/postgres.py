@@ -49,6 +49,7 @@ from proxy.batch.store import (
     FINAL,
     BatchRecord,
     FileRecord,
+    Json,
     LineError,
     LineResult,
     LineSpec,
@@ -93,10 +94,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
     """,
+    # 2: a failed job's errors (OpenAI's errors.data).
+    "ALTER TABLE batches ADD COLUMN errors jsonb;",
 )
 BATCH_COLUMNS = (
     "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times"
+    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times, "
+    "errors"
 )
 FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
 
@@ -147,7 +151,7 @@ def _batch(row: Any) -> BatchRecord:
         id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
         status=row[4], created_at=row[5], expires_at=row[6], metadata=row[7], total=row[8],
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
-        output_file_id=row[13], error_file_id=row[14], times=row[15],
+        output_file_id=row[13], error_file_id=row[14], times=row[15], errors=row[16],
     )  # fmt: skip
 
 
@@ -264,7 +268,10 @@ class PostgresStore:
 
     @asynccontextmanager
     async def local_file(self, file_id: str) -> AsyncIterator[Path]:
-        """A local copy of the file (in the spool folder) for as long as the block runs."""
+        """A local copy of the file (in the spool folder) for as long as the block runs;
+        :class:`FileNotFoundError` where the file is gone."""
+        if await self.get_file(file_id) is None:
+            raise FileNotFoundError(file_id)
         path = self.spool_path()
         try:
             with path.open("wb") as f:
@@ -290,6 +297,72 @@ class PostgresStore:
             total = await _copy_lines(conn, new.id, lines)
             await conn.execute("UPDATE batches SET total = %s WHERE id = %s", (total, new.id))
         found = await self.get_batch(new.id)
+        assert found is not None
+        return found
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        now = self._stamp()
+        await self._count(
+            "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
+            "created_at, expires_at, metadata) VALUES (%s, %s, %s, %s, 'validating', %s, %s, %s)",
+            (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
+             now + new.window_s, Jsonb(dict(new.metadata)) if new.metadata else None),
+        )  # fmt: skip
+        return await self._found(new.id)
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        """Under the job's row lock: replicas that validate the job at once fill it
+        once (the others find it no longer ``validating`` and leave it)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT status, total FROM batches WHERE id = %s FOR UPDATE", (batch_id,)
+            )
+            row = await cur.fetchone()
+            # Validating; or cancelled while validating (its lines still go in, as on SQLite).
+            if row is not None and (row[0] == "validating" or (row[0] not in FINAL and not row[1])):
+                await conn.execute("DELETE FROM lines WHERE batch_id = %s", (batch_id,))
+                total = await _copy_lines(conn, batch_id, lines)
+                await conn.execute(
+                    "UPDATE batches SET total = %s, status = CASE status WHEN 'validating' "
+                    "THEN 'in_progress' ELSE status END, "
+                    "times = times || jsonb_build_object('in_progress_at', %s::bigint) "
+                    "WHERE id = %s",
+                    (total, self._stamp(), batch_id),
+                )
+        return await self._found(batch_id)
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        await self._count(
+            "UPDATE batches SET status = 'failed', errors = %s, "
+            "times = times || jsonb_build_object('failed_at', %s::bigint) WHERE id = %s",
+            (Jsonb(errors), self._stamp(), batch_id),
+        )
+        return await self._found(batch_id)
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+            cur = await conn.execute(
+                "SELECT idx, custom_id FROM lines WHERE batch_id = %s AND result IS NULL",
+                (batch_id,),
+            )
+            rest = await cur.fetchall()
+            results = [line_for(custom_id) for _, custom_id in rest]
+            cur = await conn.execute(
+                "UPDATE lines l SET ok = i.ok, result = i.result "
+                "FROM unnest(%s::integer[], %s::boolean[], %s::text[]) AS i(idx, ok, result) "
+                "WHERE l.batch_id = %s AND l.idx = i.idx AND l.result IS NULL",
+                ([i for i, _ in rest], [r.ok for r in results], [r.line for r in results],
+                 batch_id),
+            )  # fmt: skip
+            expired = cur.rowcount
+            await conn.execute(
+                "UPDATE batches SET failed = failed + %s WHERE id = %s", (expired, batch_id)
+            )
+            return expired
+
+    async def _found(self, batch_id: str) -> BatchRecord:
+        found = await self.get_batch(batch_id)
         assert found is not None
         return found
 
