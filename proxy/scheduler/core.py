@@ -99,6 +99,9 @@ class Scheduler:
         self._index_models()
         # engines whose held reason is None (open to their first batch job, if any)
         self._unheld: set[str] = set(self.engines)
+        # the hold last logged for each queued job: a reason is logged once, when it
+        # changes, even if the job's held reason was lifted in between (a budget grew)
+        self._logged_hold: dict[str, HeldReason] = {}
         # engines that can take a chat now (up, under the cap), kept by _mark
         self._takes = {n for n, e in self.engines.items() if e.can_take_interactive()}
         # engines whose turn an event may have changed: re-evaluated at its end
@@ -161,6 +164,7 @@ class Scheduler:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return None
+        self._logged_hold.pop(job_id, None)
         if job.phase is Phase.QUEUED:
             self._unqueue(job)
         elif job.engine is not None:
@@ -295,6 +299,7 @@ class Scheduler:
         job.engine = engine.name
         job.dispatched_at = now
         job.held = None
+        self._logged_hold.pop(job.id, None)
         _mark_beside_batch(engine, job)
         engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.admit(job)
@@ -308,9 +313,10 @@ class Scheduler:
     def _hold(
         self, now: float, job: Job, engines: Iterable[EngineState], reason: HeldReason
     ) -> None:
-        if job.held is reason:
-            return
         job.held = reason
+        if self._logged_hold.get(job.id) is reason:
+            return
+        self._logged_hold[job.id] = reason
         first = next(iter(engines), None)
         if first is not None:
             self._log(now, first.name, job, False, reason)
@@ -415,6 +421,7 @@ class Scheduler:
 
     def _end(self, now: float) -> None:
         dirty = self._dirty
+        grown: set[str] = set()
         if now >= self._budget_due - 1e-6:
             # some budget loop may be due: each runs on the turn as it stands
             due = math.inf
@@ -427,6 +434,8 @@ class Scheduler:
                     budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
                     if budget.tokens != before:
                         dirty.add(engine.name)
+                    if budget.tokens > before:
+                        grown.add(engine.name)
                 due = min(due, budget.next_due())
             self._budget_due = due
         # on the budget as it now stands: one that just grew may admit the held
@@ -436,9 +445,21 @@ class Scheduler:
             engine.set_turn(now, *self._turn_of(engine))
             if engine.held_reason is None:
                 self._unheld.add(name)
+                if name in grown:
+                    self._clear_stale_hold(engine)
             else:
                 self._unheld.discard(name)
         dirty.clear()
+
+    def _clear_stale_hold(self, engine: EngineState) -> None:
+        """A budget that grew at the end of an event frees the job it held: the job no
+        longer carries that reason, so it and its first engine's turn agree."""
+        head = self._head_batch_job(engine)
+        if head is None or head.held is not HeldReason.PREFILL_BUDGET:
+            return
+        first = next((e for e in self._candidates(head) if e.eligible(head)), None)
+        if first is engine:
+            head.held = None
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
         return self.queues[TrafficClass.BATCH].first_for(engine.name, engine.settings.models)
