@@ -9,6 +9,9 @@ that ``whoseturn serve`` runs.
   exact-length prompts, the SSE reader, token times, Prometheus samples);
 - :mod:`loadtests.processes`: servers as child processes on loopback ports;
 - the workload-evidence harness (see shared/seed): :mod:`.client` (the load client),
-  :mod:`.corpus` (real prompt text), :mod:`.baseline`, :mod:`.compare`,
+  :mod:`.corpus` (real prompt text, with the files of ``loadtests/corpus/``),
+  :mod:`.workload_file`, :mod:`.harness`, :mod:`.runs`, :mod:`.engines` (engines the
+  harness starts), :mod:`.watch` (``/metrics`` scrapes and the OS view during a run),
+  :mod:`.crosscheck` (against GuideLLM), :mod:`.baseline`, :mod:`.compare`,
   :mod:`.fidelity`, :mod:`.stalls`, :mod:`.vllm` (real vLLM as a child process).
 """

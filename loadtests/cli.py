@@ -159,6 +159,15 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
     evaluate.add_argument("--chat-rate", type=float, help="chat requests/s (default: workload's)")
     evaluate.add_argument("--batch-concurrency", type=int, help="documents kept (default: 128)")
     evaluate.add_argument("--seed", type=int, default=0, help="workload random seed")
+    evaluate.add_argument(
+        "--batch-min-share",
+        type=float,
+        default=0.05,
+        help="the proxy's starvation bound: batch's minimum share of prefill (0: none)",
+    )
+    evaluate.add_argument(
+        "--hold-timeout", type=float, default=10.0, help="the proxy's hold timeout, seconds"
+    )
     calibrate = subcommands.add_parser(
         "calibrate", help="measure a real engine over HTTP and fit a simulator profile"
     )
@@ -304,6 +313,7 @@ def _workload_line(settings: SimSettings, workload: twin.MixedWorkload) -> str:
 
 def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
     from loadtests.sim import twin
+    from proxy.scheduler import HoldRules
 
     small = args.workload == "small-docs"
     base = twin.SMALL_DOCS if small else twin.MixedWorkload(batch_concurrency=128)
@@ -316,8 +326,16 @@ def _evaluate(settings: SimSettings, args: argparse.Namespace) -> int:
     )
     print(_workload_line(settings, workload))
     model, step = settings.served_model_name, settings.profile.step
-    results = twin.evaluation_arms(workload, settings.scheduler, step, model)
+    hold = HoldRules(batch_min_share=args.batch_min_share, hold_timeout_s=args.hold_timeout)
+    results = twin.evaluation_arms(workload, settings.scheduler, step, model, hold)
     print(twin.evaluation_table(results))
+    proxied = results[-1]
+    print(
+        f"\nBatch under {workload.chat_rate_per_s:g} chats/s through the proxy "
+        f"(batch_min_share {hold.batch_min_share:g}, hold timeout {hold.hold_timeout_s:g} s): "
+        f"{proxied.batch_docs_per_hour:,.0f} documents/hour, chat TTFT p95 "
+        f"{proxied.ttft_p95 * 1000:,.0f} ms"
+    )
     print()
     print("\n".join(twin.verdict(results, ttft_target_s=0.3)))
     if small:

@@ -12,12 +12,21 @@ An arm is where requests go (:data:`Route`). Direct, every class goes to the eng
 and a ``batch`` route to its ``/batch/v1``. At the end of a run the closed-loop
 streams still open are closed (the client hangs up) and marked so: they count in no
 figure. Open-loop requests are waited for.
+
+A ``batch-api`` class submits jobs to the proxy's Files and Batch API instead
+(:func:`run_job`): each job a JSONL file of ``job_lines`` requests made as any other
+class's, uploaded, a batch created, looked at every ``poll_s``, and at its end its
+output file read and every line checked as a streamed answer is (status 200, exactly
+``max_tokens`` tokens). A job still running at the end of the run is cancelled, and
+its partial output counted. There is no Batch API on an engine: the direct arm sends
+such a class nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -28,7 +37,7 @@ import httpx
 
 from loadtests.arrivals import gamma_times, trace_times
 from loadtests.client import Record, close, stream
-from loadtests.corpus import passage
+from loadtests.corpus import SETS, as_prompt, messages
 from loadtests.workload_file import TrafficClass, Workload
 
 Route = Callable[[TrafficClass], str]
@@ -63,19 +72,51 @@ def send_times(workload: Workload, cls: TrafficClass) -> list[float]:
 
 
 def body(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
-    """Request ``i`` of ``cls``: a header of its own, then a passage of the corpus."""
-    start = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode()) + 104_729 * i
-    text = f"{cls.name} {i}: what does this say?\n\n{passage(start, cls.prompt_chars)}"
+    """Request ``i`` of ``cls``: its prompt source's messages (:func:`messages`), the
+    first starting with a header of its own so no two requests share a prefix."""
+    seed = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode())
+    start = seed + 104_729 * i if cls.prompt_chars is not None else seed
+    chat = messages(cls.prompt_source, i, start, cls.prompt_chars)
+    passage = SETS[cls.prompt_source][0] in ("topics", "documents")
+    header = f"{cls.name} {i}: what does this say?" if passage else f"{cls.name} {i}."
+    chat[0] = {**chat[0], "content": f"{header}\n\n{chat[0]['content']}"}
     out: dict[str, Any] = {
         "model": workload.model,
         "max_tokens": cls.max_tokens,
         "temperature": cls.temperature,
     }
     if cls.api == "chat":
-        out["messages"] = [{"role": "user", "content": text}]
+        out["messages"] = chat
     else:
-        out["prompt"] = text
+        out["prompt"] = as_prompt(chat)
     return out
+
+
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+CANCEL_WAIT_S = 60.0
+
+
+@dataclass
+class Job:
+    """One Batch API job as the client saw it (monotonic seconds)."""
+
+    id: str
+    kind: str
+    lines: int
+    submitted_at: float
+    batch_id: str | None = None
+    finished_at: float | None = None
+    status: str | None = None
+    completed: int = 0  # lines answered (output file), of ``lines``
+    failed: int = 0
+    valid: int = 0  # answered whole: status 200, exactly max_tokens tokens
+    cancelled_by_client: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
 
 
 @dataclass
@@ -84,6 +125,15 @@ class ArmRun:
 
     started_at: float
     records: dict[str, list[Record]] = field(default_factory=dict)
+    jobs: dict[str, list[Job]] = field(default_factory=dict)
+    priority: dict[str, int] = field(default_factory=dict)  # class: the arm's request priority
+
+    def body(self, workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
+        """:func:`body`, with the arm's priority for the class if it sets one."""
+        out = body(workload, cls, i)
+        if cls.name in self.priority:
+            out["priority"] = self.priority[cls.name]
+        return out
 
     def window(self, workload: Workload) -> tuple[float, float]:
         """The window of the latencies (monotonic seconds): after warm-up, to the end.
@@ -93,19 +143,34 @@ class ArmRun:
         return self.started_at + plan.warmup_s, self.started_at + plan.duration_s
 
 
-def new_run(workload: Workload) -> ArmRun:
-    """An empty run that starts now."""
-    return ArmRun(time.monotonic(), {cls.name: [] for cls in workload.classes})
+def new_run(workload: Workload, priority: dict[str, int] | None = None) -> ArmRun:
+    """An empty run that starts now; ``priority``: the arm's request priorities."""
+    return ArmRun(
+        time.monotonic(),
+        {cls.name: [] for cls in workload.classes},
+        {cls.name: [] for cls in workload.classes if cls.route == "batch-api"},
+        dict(priority or {}),
+    )
 
 
-async def run_arm(workload: Workload, route: Route, http: httpx.AsyncClient, run: ArmRun) -> ArmRun:
+async def run_arm(
+    workload: Workload,
+    route: Route,
+    http: httpx.AsyncClient,
+    run: ArmRun,
+    batch_api: str | None = None,
+) -> ArmRun:
     """Drive ``workload`` over ``route`` from ``run.started_at`` for the plan's
-    duration, adding every record to ``run`` as it is sent; ``run``."""
+    duration, adding every record to ``run`` as it is sent; ``run``. ``batch_api``:
+    the proxy's base URL for ``batch-api`` classes (None: they send nothing)."""
     end = run.started_at + workload.plan.duration_s
     open_streams: dict[str, asyncio.Task[Record]] = {}
-    senders, workers = [], []
+    senders, workers, jobs = [], [], []
     for cls in workload.classes:
-        if cls.arrival.process == "closed":
+        if cls.route == "batch-api":
+            if batch_api is not None:
+                jobs.append(asyncio.create_task(_jobs(workload, cls, batch_api, http, run, end)))
+        elif cls.arrival.process == "closed":
             counter = itertools.count()
             workers += [
                 asyncio.create_task(_worker(workload, cls, route, http, run, counter, open_streams))
@@ -122,8 +187,127 @@ async def run_arm(workload: Workload, route: Route, http: httpx.AsyncClient, run
             task = open_streams.get(record.id)
             if task is not None:
                 await close(record, task)
-    await asyncio.gather(*senders)
+    await asyncio.gather(*senders, *jobs)
     return run
+
+
+async def _jobs(
+    workload: Workload,
+    cls: TrafficClass,
+    base: str,
+    http: httpx.AsyncClient,
+    run: ArmRun,
+    end: float,
+) -> None:
+    """A batch-api class's jobs: ``concurrency`` at once (closed), or one per arrival."""
+    counter = itertools.count()
+
+    async def one(i: int) -> None:
+        job = Job(f"{cls.name}-{i}", cls.name, cls.job_lines, time.monotonic())
+        run.jobs[cls.name].append(job)
+        await run_job(http, base, workload, cls, i, job, end, run.priority.get(cls.name))
+
+    if cls.arrival.process == "closed":
+
+        async def loop() -> None:
+            while time.monotonic() < end:
+                await one(next(counter))
+                if run.jobs[cls.name][-1].error is not None:
+                    await asyncio.sleep(cls.poll_s)  # no tight loop of refused jobs
+
+        await asyncio.gather(*(loop() for _ in range(cls.arrival.concurrency)))
+        return
+    tasks = []
+    for i, at in enumerate(send_times(workload, cls)):
+        await asyncio.sleep(max(0.0, run.started_at + at - time.monotonic()))
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+
+
+def job_file(workload: Workload, cls: TrafficClass, i: int, priority: int | None = None) -> bytes:
+    """Job ``i``'s input file: ``job_lines`` requests, each made as :func:`body` makes
+    request ``i * job_lines + k`` of the class."""
+    lines = []
+    for k in range(cls.job_lines):
+        n = i * cls.job_lines + k
+        lines.append(
+            {
+                "custom_id": f"{cls.name}-{n}",
+                "method": "POST",
+                "url": f"/v1{PATHS[cls.api]}",
+                "body": body(workload, cls, n)
+                | ({} if priority is None else {"priority": priority}),
+            }
+        )
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def count_output(text: str, max_tokens: int) -> tuple[int, int]:
+    """``(answered, valid)`` of a job's output file: lines with a response, and those
+    answered whole (status 200, finish reason ``length`` at ``max_tokens`` tokens)."""
+    answered = valid = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        response = json.loads(line).get("response") or {}
+        answered += 1
+        answer = response.get("body") or {}
+        usage = answer.get("usage") or {}
+        choices = answer.get("choices") or [{}]
+        if (
+            response.get("status_code") == 200
+            and choices[0].get("finish_reason") == "length"
+            and usage.get("completion_tokens") == max_tokens
+        ):
+            valid += 1
+    return answered, valid
+
+
+async def run_job(
+    http: httpx.AsyncClient,
+    base: str,
+    workload: Workload,
+    cls: TrafficClass,
+    i: int,
+    job: Job,
+    end: float,
+    priority: int | None = None,
+) -> Job:
+    """Upload job ``i``'s file, create the batch, look at it every ``poll_s`` until it
+    ends (cancelling it at ``end``), then count its output; ``job``."""
+    try:
+        files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i, priority))}
+        uploaded = await http.post(f"{base}/v1/files", files=files, data={"purpose": "batch"})
+        uploaded.raise_for_status()
+        created = await http.post(
+            f"{base}/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": f"/v1{PATHS[cls.api]}",
+                "completion_window": "24h",
+            },
+        )
+        created.raise_for_status()
+        batch = created.json()
+        job.batch_id = batch["id"]
+        give_up = end + CANCEL_WAIT_S
+        while batch["status"] not in TERMINAL and time.monotonic() < give_up:
+            if time.monotonic() >= end and not job.cancelled_by_client:
+                job.cancelled_by_client = True
+                await http.post(f"{base}/v1/batches/{job.batch_id}/cancel")
+            await asyncio.sleep(cls.poll_s)
+            batch = (await http.get(f"{base}/v1/batches/{job.batch_id}")).json()
+        job.status = batch["status"]
+        job.finished_at = time.monotonic()
+        job.failed = int((batch.get("request_counts") or {}).get("failed", 0))
+        if batch.get("output_file_id"):
+            content = await http.get(f"{base}/v1/files/{batch['output_file_id']}/content")
+            job.completed, job.valid = count_output(content.text, cls.max_tokens)
+    except httpx.HTTPStatusError as exc:
+        job.error = f"{exc.response.status_code}: {exc.response.text}"[:500]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        job.error = f"{type(exc).__name__}: {exc}"[:500]
+    return job
 
 
 async def _open_loop(
@@ -134,7 +318,7 @@ async def _open_loop(
         await asyncio.sleep(max(0.0, run.started_at + at - time.monotonic()))
         record = _record(cls, i, route(cls))
         run.records[cls.name].append(record)
-        tasks.append(asyncio.create_task(stream(http, record, body(workload, cls, i))))
+        tasks.append(asyncio.create_task(stream(http, record, run.body(workload, cls, i))))
     await asyncio.gather(*tasks)
 
 
@@ -151,7 +335,7 @@ async def _worker(
         i = next(counter)
         record = _record(cls, i, route(cls))
         run.records[cls.name].append(record)
-        task = asyncio.create_task(stream(http, record, body(workload, cls, i)))
+        task = asyncio.create_task(stream(http, record, run.body(workload, cls, i)))
         open_streams[record.id] = task
         await asyncio.shield(task)
         del open_streams[record.id]

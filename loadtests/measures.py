@@ -22,15 +22,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loadtests.client import Record
+from loadtests.harness import Job
+from loadtests.workload_file import Bar
 from proxy.scheduler.budget import percentile
 
 __all__ = [
     "ClassSummary",
+    "Verdict",
     "Window",
     "answer_mismatches",
     "gaps",
+    "judge",
     "pct",
     "summarize",
+    "summarize_jobs",
     "summarize_runs",
     "tpot",
     "valid_per_hour",
@@ -72,6 +77,8 @@ class ClassSummary:
     done_p95: float
     queue_p95: float
     valid_per_hour: float
+    records_per_hour: float = math.nan  # batch-api: lines answered, whole or not
+    worst_gap_p50: float = math.nan  # the median over streams of each one's worst gap
 
 
 def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float:
@@ -139,7 +146,83 @@ def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
         done_p95=pct(done, 0.95),
         queue_p95=pct(queue, 0.95),
         valid_per_hour=per_hour / length,
+        # a stream the client closed on purpose counts here: its gaps until then are real
+        worst_gap_p50=pct(
+            [
+                r.worst_gap
+                for w in windows
+                for r in w.records
+                if w.start <= r.sent_at <= w.end and len(r.token_times) > 1
+            ],
+            0.50,
+        ),
     )
+
+
+def summarize_jobs(windows: Sequence[tuple[Sequence[Job], float, float]]) -> ClassSummary:
+    """A ``batch-api`` class over several runs (``(jobs, run start, run end)``): the
+    requests are the jobs' lines, records and valid records per hour count every
+    answered line of every job of a run over the runs' summed length (a job still
+    running at a run's end was cancelled then, its partial output counted), and the
+    completion times are those of the jobs that ended on their own."""
+    jobs = [j for w in windows for j in w[0]]
+    length = sum(end - start for _, start, end in windows)
+    if length <= 0:
+        raise ValueError("the window must have a positive length")
+    ended = [
+        j.finished_at - j.submitted_at
+        for j in jobs
+        if j.finished_at is not None and not j.cancelled_by_client and j.status == "completed"
+    ]
+    nan = math.nan
+    return ClassSummary(
+        requests=sum(j.lines for j in jobs),
+        valid=sum(j.valid for j in jobs),
+        ttft_p50=nan,
+        ttft_p95=nan,
+        ttft_p99=nan,
+        itl_p50=nan,
+        itl_p95=nan,
+        tpot_p50=nan,
+        done_p50=pct(ended, 0.50),
+        done_p95=pct(ended, 0.95),
+        queue_p95=nan,
+        # no job at all (the direct arm, which has no Batch API): no figure, not zero
+        valid_per_hour=sum(j.valid for j in jobs) * 3600.0 / length if jobs else nan,
+        records_per_hour=sum(j.completed for j in jobs) * 3600.0 / length if jobs else nan,
+    )
+
+
+def judge(bars: Sequence[Bar], figures: dict[str, dict[str, ClassSummary]]) -> list[Verdict]:
+    """Each bar of a workload file on the warm ``figures`` (arm: class: summary)."""
+    out = []
+    for bar in bars:
+        if bar.all_valid:
+            valid = sum(s.valid for arm in figures.values() for s in arm.values())
+            sent = sum(s.requests for arm in figures.values() for s in arm.values())
+            out.append(Verdict(f"valid answers, all arms: {valid} of {sent}", valid == sent))
+            continue
+        cls, _, name = bar.figure.partition(".")
+        a, b = (getattr(figures[arm][cls], name) for arm in bar.ratio)
+        value = a / b if b else math.nan
+        if bar.above is not None:
+            ok, rule = value > bar.above, f"> {bar.above:g}"
+        else:
+            assert bar.at_most is not None
+            ok, rule = value <= bar.at_most, f"<= {bar.at_most:g}"
+        ok = ok and not math.isnan(value)
+        label = f"{bar.figure}: {bar.ratio[0]} / {bar.ratio[1]} = {value:.2f} (bar {rule})"
+        out.append(Verdict(label, ok))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    label: str
+    met: bool
+
+    def line(self) -> str:
+        return f"{self.label}: {'met' if self.met else 'NOT met'}"
 
 
 def answer_mismatches(a: Iterable[Record], b: Iterable[Record]) -> tuple[int, int]:

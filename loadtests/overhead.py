@@ -143,13 +143,26 @@ def whoseturn(upstream: int, root: Path, max_streams: int) -> Iterator[list[Arm]
     engine = {"name": "e0", "url": loopback_url(upstream), "max_inflight": max(256, max_streams)}
     command = serve_command(root / "whoseturn.yaml", port=port, engines=[engine])
     log = (root / "whoseturn.log").open("wb")
-    with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=5) as proc:
-        wait_until_ok(loopback_url(port) + "/readyz", process=proc, what="whoseturn")
-        base = loopback_url(port)
-        yield [
-            Arm("whoseturn", base + "/v1", proc.pid),
-            Arm("whoseturn-batch", base + "/batch/v1", proc.pid),
-        ]
+    try:
+        with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=5) as proc:
+            wait_until_ok(loopback_url(port) + "/readyz", process=proc, what="whoseturn")
+            base = loopback_url(port)
+            yield [
+                Arm("whoseturn", base + "/v1", proc.pid),
+                Arm("whoseturn-batch", base + "/batch/v1", proc.pid),
+            ]
+    finally:
+        _print_warnings(root / "whoseturn.log")
+
+
+def _print_warnings(path: Path, limit: int = 10) -> None:
+    """The proxy's warnings (an engine ejected, a stream broken) on stderr: why
+    requests failed, when some did."""
+    lines = [x for x in path.read_text(errors="replace").splitlines() if "WARNING" in x]
+    for line in lines[:limit]:
+        print(f"  whoseturn log: {line}", file=sys.stderr)
+    if len(lines) > limit:
+        print(f"  whoseturn log: ... {len(lines) - limit} more warnings", file=sys.stderr)
 
 
 @contextmanager

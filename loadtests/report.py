@@ -68,6 +68,8 @@ def write_result(
     summaries: dict[str, dict[str, ClassSummary]],
     answers: tuple[int, int] | None,
     reasoning: str,
+    machine: dict[str, Any] | None = None,
+    verdicts: list[str] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
     added), the figures per arm and class, the answer check, the reasoning, the date."""
@@ -82,6 +84,8 @@ def write_result(
         "answer_check": None
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
+        "machine": machine or {},
+        "verdicts": verdicts or [],
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
     }
@@ -115,6 +119,7 @@ LATENCY_ROWS = (
     ("queue wait in proxy p95", "queue_p95"),
 )
 BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95"))
+JOB_ROWS = (("job completion p50", "done_p50"), ("job completion p95", "done_p95"))
 
 
 def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
@@ -125,13 +130,18 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
     rows: list[Sequence[str]] = []
     for cls in workload.classes:
         per_arm = [arms[a][cls.name] for a in names]
-        for label, key in LATENCY_ROWS if cls.route == "chat" else BATCH_ROWS:
+        latency = {"chat": LATENCY_ROWS, "batch": BATCH_ROWS, "batch-api": JOB_ROWS}
+        for label, key in latency[cls.route]:
             values = [getattr(s, key) for s in per_arm]
             rows.append((f"{cls.name} {label}", *map(ms, values), *_change(values, ratio)))
-        if cls.route == "batch":  # an open chat loop's throughput is its arrival rate
-            rates = [s.valid_per_hour for s in per_arm]
-            cells = [f"{r:,.0f}" for r in rates]
-            rows.append((f"{cls.name} valid records per hour", *cells, *_change(rates, _percent)))
+        per_hour = [("valid records per hour", "valid_per_hour")]
+        if cls.route == "batch-api":
+            per_hour.insert(0, ("records per hour", "records_per_hour"))
+        for label, key in per_hour if cls.route != "chat" else []:
+            # an open chat loop's throughput is its arrival rate
+            rates = [getattr(s, key) for s in per_arm]
+            cells = ["-" if math.isnan(r) else f"{r:,.0f}" for r in rates]
+            rows.append((f"{cls.name} {label}", *cells, *_change(rates, _percent)))
         counts = [f"{s.valid}/{s.requests}" for s in per_arm]
         blank = [""] if len(names) == 2 else []
         rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))
@@ -144,7 +154,9 @@ def _change(values: list[float], how: Callable[[float, float], str]) -> list[str
 
 
 def _percent(before: float, after: float) -> str:
-    return f"{(after / before - 1) * 100:+.1f}%" if before else "-"
+    if math.isnan(before) or math.isnan(after) or not before:
+        return "-"
+    return f"{(after / before - 1) * 100:+.1f}%"
 
 
 def write_report(
@@ -155,6 +167,9 @@ def write_report(
     table: str,
     answers: tuple[int, int] | None,
     plots: Sequence[str],
+    machine: dict[str, dict[str, Any]] | None = None,
+    started: dict[str, list[dict[str, Any]]] | None = None,
+    verdicts: list[str] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
     lines = [
@@ -178,5 +193,64 @@ def write_report(
             f"{answers[1]} answers differ.",
             "",
         ]
+    if verdicts:
+        lines += ["The workload's bars, on the warm figures:", ""]
+        lines += [*(f"- {v}" for v in verdicts), ""]
+    lines += startup_lines(started or {})
+    lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def startup_lines(started: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The servers the harness started, per arm: time to ready (the engines' model
+    load, the cold run's first phase) and the startup facts that change what is
+    measured, each with where it was read."""
+    if not started:
+        return []
+    rows: list[Sequence[str]] = []
+    for arm, servers in started.items():
+        for s in servers:
+            facts = s.get("startup_facts") or {}
+            said = "; ".join(
+                f"{k} {v['value']} ({v['from']})"
+                for k, v in facts.items()
+                if v["value"] is not None
+            )
+            rows.append((arm, s["name"], f"{s['ready_s']:.1f} s", said or "-"))
+    table = markdown_table(("arm", "server", "ready after (model load)", "startup facts"), rows)
+    return ["## Servers started by the harness", "", table, ""]
+
+
+def machine_lines(machine: dict[str, dict[str, Any]]) -> list[str]:
+    """Each arm's servers' peaks as the OS saw them, and the GPUs' when there were any."""
+    rows: list[Sequence[str]] = []
+    for arm, view in machine.items():
+        for name, p in view.get("servers", {}).items():
+            rows.append(
+                (
+                    arm,
+                    name,
+                    f"{p['rss_peak_bytes'] / 2**20:,.0f} MiB",
+                    f"{p['swap_peak_bytes'] / 2**20:,.0f} MiB",
+                    f"{p['cpu_peak_percent']:.0f}%",
+                )
+            )
+    if not rows:
+        return []
+    header = ("arm", "server", "peak RSS", "peak swap", "peak CPU (one core = 100%)")
+    lines = ["## The machine's view (psutil, every second)", "", markdown_table(header, rows), ""]
+    for arm, view in machine.items():
+        gpu = view.get("gpu")
+        if gpu:
+            per = gpu.get("energy_per_valid_record_j")
+            lines.append(
+                f"{arm}: GPU memory peak {gpu['memory_peak_mib']:,.0f} MiB, power peak "
+                f"{gpu['power_peak_w']:.0f} W, {gpu['energy_j'] / 3600:,.2f} Wh over "
+                f"{gpu['seconds']:.0f} s, "
+                + (f"{per:,.1f} J per valid record" if per is not None else "no valid record")
+                + "."
+            )
+        else:
+            lines.append(f"{arm}: no GPU seen (`nvidia-smi` absent): no power or energy figure.")
+    return [*lines, ""]

@@ -23,8 +23,17 @@ import httpx
 
 from loadtests import plots
 from loadtests.harness import ArmRun, Route, new_run, run_arm
-from loadtests.measures import ClassSummary, Window, answer_mismatches, pct, summarize_runs
+from loadtests.measures import (
+    ClassSummary,
+    Window,
+    answer_mismatches,
+    judge,
+    pct,
+    summarize_jobs,
+    summarize_runs,
+)
 from loadtests.report import ms, side_by_side, write_records, write_report, write_result
+from loadtests.watch import listening_pid, peaks, watching
 from loadtests.workload_file import Workload
 
 SAMPLE_INTERVAL_S = 0.5
@@ -41,6 +50,18 @@ class ArmResult:
     warm: list[ArmRun]
     cold: ArmRun | None = None
     turns: list[dict[str, Any]] = field(default_factory=list)
+    os_samples: list[dict[str, Any]] = field(default_factory=list)
+    started: list[dict[str, Any]] = field(default_factory=list)  # servers the harness started
+
+    def valid_records(self) -> int:
+        """Valid answers of every run (the cold one too), streams closed early excluded."""
+        return sum(
+            1
+            for _, run in self.all_runs()
+            for rs in run.records.values()
+            for r in rs
+            if r.valid and r.closed_at is None
+        )
 
     def all_runs(self) -> list[tuple[str, ArmRun]]:
         first = [("cold", self.cold)] if self.cold is not None else []
@@ -55,18 +76,26 @@ async def run_plan(
     proxy: str | None,
     out: Path,
     console: Console,
+    servers: dict[str, str] | None = None,
+    priority: dict[str, int] | None = None,
 ) -> ArmResult:
     """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
-    its turn samples and write its decisions to ``out/<arm>-turn-log.json``."""
+    its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
+    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.watch`)."""
     result = ArmResult([])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    servers = servers or {}
+    pids = {name: listening_pid(url) for name, url in servers.items()}
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-        async with _watch(http, proxy, result.turns):
+        async with (
+            _watch(http, proxy, result.turns),
+            watching(http, servers, pids, out, arm, result.os_samples),
+        ):
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
             for label in labels:
-                run = new_run(workload)
+                run = new_run(workload, priority)
                 async with _progress(console, f"{arm} ({label})", run, result.turns):
-                    await run_arm(workload, route, http, run)
+                    await run_arm(workload, route, http, run, batch_api=proxy)
                 if label == "cold":
                     result.cold = run
                 else:
@@ -82,6 +111,13 @@ def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]
     each whole run."""
     out = {}
     for cls in workload.classes:
+        if cls.route == "batch-api":
+            spans = [
+                (run.jobs[cls.name], run.started_at, run.started_at + workload.plan.duration_s)
+                for run in runs
+            ]
+            out[cls.name] = summarize_jobs(spans)
+            continue
         windows = [
             Window(run.records[cls.name], *run.window(workload), counted_from=run.started_at)
             for run in runs
@@ -126,17 +162,60 @@ def finish(
             for a, r in arms.items()
         },
     )
+    jobs = [
+        {"arm": a, "run": label, **job.to_json()}
+        for a, r in arms.items()
+        for label, run in r.all_runs()
+        for js in run.jobs.values()
+        for job in js
+    ]
+    if jobs:
+        (out / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
     drawn = _plots(out, arms)
+    machine = {arm: machine_view(r) for arm, r in arms.items()}
+    verdicts = [v.line() for v in judge(workload.bars, {a: figures[a] for a in names})]
     write_result(
-        out, workload, setup=setup, summaries=figures, answers=answers, reasoning=reasoning
+        out,
+        workload,
+        setup={**setup, "started": {a: r.started for a, r in arms.items() if r.started}},
+        summaries=figures,
+        answers=answers,
+        reasoning=reasoning,
+        machine=machine,
+        verdicts=verdicts,
     )
-    write_report(out, workload, intro=intro, table=warm_table, answers=answers, plots=drawn)
+    write_report(
+        out,
+        workload,
+        intro=intro,
+        table=warm_table,
+        answers=answers,
+        plots=drawn,
+        machine=machine,
+        started={a: r.started for a, r in arms.items() if r.started},
+        verdicts=verdicts,
+    )
     print(warm_table)
     if answers is not None:
         print(f"\nAnswer check: {answers[0]} compared, {answers[1]} differ.")
+    if verdicts:
+        print("\n" + "\n".join(f"- {line}" for line in verdicts))
     print(f"\nReport: {out / 'report.md'}")
     print("Plots: " + ", ".join(str(out / name) for name in drawn))
     return warm_table
+
+
+def machine_view(result: ArmResult) -> dict[str, Any]:
+    """An arm's peaks (:func:`loadtests.watch.peaks`), with the GPUs' energy per valid
+    record when there were GPUs to read."""
+    view = peaks(result.os_samples)
+    valid = result.valid_records()
+    view["valid_records"] = valid
+    if view["gpu"] is not None:
+        view["gpu"]["energy_per_valid_record_j"] = (
+            view["gpu"]["energy_j"] / valid if valid else None
+        )
+    return view
 
 
 def _plots(out: Path, arms: dict[str, ArmResult]) -> list[str]:

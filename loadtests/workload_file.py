@@ -13,29 +13,58 @@ plan:
   warmup_s: 8               # latencies of requests sent before this are not counted
 classes:
   chat:
-    route: chat             # chat: the proxy's /v1; batch: its /batch/v1
+    route: chat             # chat: the proxy's /v1; batch: its /batch/v1; batch-api: jobs
+                            # of the proxy's Files + Batch API (/v1/files, /v1/batches),
+                            # each of job_lines requests; closed: concurrency jobs at
+                            # once; open: a job per arrival (the proxy arm only)
     api: chat               # chat: /chat/completions with messages; completions: a prompt
     arrival: {process: poisson, rate: 2.0}
       # or {process: gamma, rate: R, burstiness: B}, {process: closed, concurrency: N},
       # {process: trace, file: PATH}  (PATH relative to the workload file)
     prompt: {source: python-docs, chars: 400}
+      # source: one of loadtests.corpus.SETS: python-docs (needs chars), python-pages,
+      # licences, rfc, book, long-document (chars optional: a passage, else whole
+      # documents in turn), questions, conversations, extraction (chars cuts the
+      # document)
     max_tokens: 48
     temperature: 0          # the default: greedy, so answers can be compared across arms
+engines:                    # optional: the harness starts these, fresh for each arm
+  count: 2
+  command: whoseturn sim --profile cpu-tiny --port {port}
+    # {port}: a free loopback port; {python}: this interpreter; {vllm_python}: the
+    # .venv-vllm interpreter; {model_dir}: the tiny model; "whoseturn" runs this
+    # checkout's `python -m proxy`
+  health: /health           # polled until 200: the model load, timed
+  ready_timeout_s: 120
+  env: {}                   # added to the environment
+proxy: {settings: {}}       # optional, with engines: `whoseturn serve` in front of them
+arms: [direct, proxy]       # with engines: the arms to run, in this order; or named arms,
+  # each on fresh engines with its own extra engine flags and request priorities:
+  # - {name: priority, via: direct, engine_args: "--scheduling-policy priority",
+  #    priority: {chat: -10, batch: 0}}
+  # ({engine_args} in engines.command is replaced by the arm's)
+bars:                       # optional: verdicts on the warm figures, printed and kept
+  - {figure: chat.ttft_p95, ratio: [direct, proxy], above: 5}   # direct / proxy > 5
+  - {figure: batch.done_p95, ratio: [proxy, direct], at_most: 1.2}
+  - {all_valid: true}       # every request sent after warm-up answered whole
 ```
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROUTES = ("chat", "batch")
+from loadtests.corpus import NEEDS_CHARS, SETS
+
+ROUTES = ("chat", "batch", "batch-api")
 APIS = ("chat", "completions")
 PROCESSES = ("poisson", "gamma", "closed", "trace")
-SOURCES = ("python-docs",)
+ARMS = ("direct", "proxy")
+SOURCES = tuple(SETS)
 
 
 class WorkloadError(ValueError):
@@ -57,9 +86,12 @@ class TrafficClass:
     route: str
     api: str
     arrival: Arrival
-    prompt_chars: int
+    prompt_chars: int | None
     max_tokens: int
     temperature: float = 0.0
+    prompt_source: str = "python-docs"
+    job_lines: int = 0  # batch-api: requests per job
+    poll_s: float = 1.0  # batch-api: how often a job is looked at
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +103,54 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Engines:
+    """How the harness starts the engines itself (:mod:`loadtests.engines`)."""
+
+    command: str
+    count: int = 1
+    health: str = "/health"
+    ready_timeout_s: float = 120.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmSpec:
+    """One arm: where its requests go, and what it changes."""
+
+    name: str
+    via: str  # direct: the engines' /v1; proxy: a proxy in front of them
+    engine_args: str = ""
+    priority: dict[str, int] = field(default_factory=dict)  # class: request priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bar:
+    """A verdict: ``figure`` (``class.field`` of :class:`loadtests.measures.ClassSummary`)
+    of arm ``ratio[0]`` divided by arm ``ratio[1]``, above ``above`` or at most
+    ``at_most``; or, with ``all_valid``, every request of every arm valid."""
+
+    figure: str = ""
+    ratio: tuple[str, str] = ("", "")
+    above: float | None = None
+    at_most: float | None = None
+    all_valid: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str
     model: str
     seed: int
     plan: Plan
     classes: tuple[TrafficClass, ...]
+    engines: Engines | None = None
+    proxy_settings: dict[str, Any] | None = None
+    arms: tuple[ArmSpec, ...] = tuple(ArmSpec(name=a, via=a) for a in ARMS)
+    bars: tuple[Bar, ...] = ()
+
+    @staticmethod
+    def arms_default() -> tuple[ArmSpec, ...]:
+        return tuple(ArmSpec(name=a, via=a) for a in ARMS)
 
     def to_json(self) -> dict[str, Any]:
         """The workload as plain data, for ``result.json``."""
@@ -103,17 +177,62 @@ def load_workload(path: Path) -> Workload:
 
 def parse_workload(data: Any, *, base: Path) -> Workload:
     """The workload from parsed YAML; trace files are relative to ``base``."""
-    top = _mapping(data, "", {"name", "model", "seed", "plan", "classes"})
+    top = _mapping(
+        data,
+        "",
+        {"name", "model", "seed", "plan", "classes", "engines", "proxy", "arms", "bars"},
+    )
     classes = _mapping(top.get("classes"), "classes", None)
     if not classes:
         raise WorkloadError("classes: at least one traffic class is needed")
+    servers = _servers(top)
     return Workload(
         name=_typed(top, "name", str, "", "workload"),
         model=_typed(top, "model", str, "", "tiny"),
         seed=_typed(top, "seed", int, "", 0),
         plan=_plan(top.get("plan", {})),
         classes=tuple(_class(str(k), v, base) for k, v in classes.items()),
+        **servers,
+        bars=_bars(top.get("bars", []), top, servers.get("arms", Workload.arms_default())),
     )
+
+
+def _servers(top: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "engines" in top:
+        d = _mapping(
+            top["engines"], "engines", {"command", "count", "health", "ready_timeout_s", "env"}
+        )
+        env = _mapping(d.get("env", {}), "engines.env", None)
+        timeout = float(_typed(d, "ready_timeout_s", (int, float), "engines.", 120.0))
+        if timeout <= 0:
+            raise WorkloadError("engines.ready_timeout_s: must be positive")
+        command = _typed(d, "command", str, "engines.", None)
+        if "{port}" not in command:
+            raise WorkloadError("engines.command: must contain {port}")
+        out["engines"] = Engines(
+            command=command,
+            count=_positive(d, "count", "engines.") if "count" in d else 1,
+            health=_typed(d, "health", str, "engines.", "/health"),
+            ready_timeout_s=timeout,
+            env={str(k): str(v) for k, v in env.items()},
+        )
+    if "proxy" in top:
+        if "engines" not in top:
+            raise WorkloadError("proxy: only with engines (the proxy is started in front of them)")
+        d = _mapping(top["proxy"], "proxy", {"settings"})
+        out["proxy_settings"] = dict(_mapping(d.get("settings", {}), "proxy.settings", None))
+    if "arms" in top:
+        arms = top["arms"]
+        if not isinstance(arms, list) or not arms:
+            raise WorkloadError(f"arms: a list of arms, not {arms!r}")
+        out["arms"] = tuple(_arm(a, n, top) for n, a in enumerate(arms))
+        names = [a.name for a in out["arms"]]
+        if len(set(names)) != len(names):
+            raise WorkloadError(f"arms: names must differ: {names}")
+    elif "engines" in top and "proxy" not in top:
+        out["arms"] = (ArmSpec(name="direct", via="direct"),)
+    return out
 
 
 def _plan(data: Any) -> Plan:
@@ -133,20 +252,38 @@ def _plan(data: Any) -> Plan:
 
 def _class(name: str, data: Any, base: Path) -> TrafficClass:
     at = f"classes.{name}."
-    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature"}
+    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature", "job_lines", "poll_s"}
     d = _mapping(data, at.rstrip("."), keys)
     prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
-    if _typed(prompt, "source", str, at + "prompt.", "python-docs") not in SOURCES:
-        raise WorkloadError(f"{at}prompt.source: one of {', '.join(SOURCES)}")
+    source = _typed(prompt, "source", str, at + "prompt.", "python-docs")
+    if source not in SOURCES:
+        raise WorkloadError(f"{at}prompt.source: one of {', '.join(SOURCES)}, not {source!r}")
+    chars = _positive(prompt, "chars", at + "prompt.") if "chars" in prompt else None
+    if chars is None and source in NEEDS_CHARS:
+        raise WorkloadError(f"{at}prompt.chars: missing (source {source} needs it)")
     return TrafficClass(
         name=name,
         route=_choice(d, "route", ROUTES, at),
         api=_choice(d, "api", APIS, at),
         arrival=_arrival(d.get("arrival"), at + "arrival", base),
-        prompt_chars=_positive(prompt, "chars", at + "prompt."),
+        prompt_chars=chars,
+        prompt_source=source,
         max_tokens=_positive(d, "max_tokens", at),
         temperature=float(_typed(d, "temperature", (int, float), at, 0.0)),
+        **_job(d, at),
     )
+
+
+def _job(d: dict[str, Any], at: str) -> dict[str, Any]:
+    if d.get("route") != "batch-api":
+        for key in ("job_lines", "poll_s"):
+            if key in d:
+                raise WorkloadError(f"{at}{key}: only for route batch-api")
+        return {}
+    poll = float(_typed(d, "poll_s", (int, float), at, 1.0))
+    if poll <= 0:
+        raise WorkloadError(f"{at}poll_s: must be positive")
+    return {"job_lines": _positive(d, "job_lines", at), "poll_s": poll}
 
 
 def _arrival(data: Any, at: str, base: Path) -> Arrival:
@@ -164,6 +301,74 @@ def _arrival(data: Any, at: str, base: Path) -> Arrival:
     if rate <= 0 or burstiness <= 0:
         raise WorkloadError(f"{at}.rate, {at}.burstiness: must be positive")
     return Arrival(process=process, rate=rate, burstiness=burstiness)
+
+
+FIGURES = (
+    "ttft_p50",
+    "ttft_p95",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p95",
+    "tpot_p50",
+    "done_p50",
+    "done_p95",
+    "queue_p95",
+    "valid_per_hour",
+    "records_per_hour",
+    "worst_gap_p50",
+)
+
+
+def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Bar, ...]:
+    if not isinstance(data, list):
+        raise WorkloadError("bars: must be a list")
+    names = {a.name for a in arms}
+    out = []
+    for n, item in enumerate(data):
+        at = f"bars[{n}]."
+        d = _mapping(item, at.rstrip("."), {"figure", "ratio", "above", "at_most", "all_valid"})
+        if d.get("all_valid") is True and len(d) == 1:
+            out.append(Bar(all_valid=True))
+            continue
+        figure = _typed(d, "figure", str, at, None)
+        cls, _, name = figure.partition(".")
+        if cls not in (top.get("classes") or {}) or name not in FIGURES:
+            raise WorkloadError(f"{at}figure: CLASS.FIGURE, FIGURE one of {', '.join(FIGURES)}")
+        ratio = d.get("ratio")
+        if not isinstance(ratio, list) or len(ratio) != 2 or not set(ratio) <= names:
+            raise WorkloadError(f"{at}ratio: two arms of {', '.join(sorted(names))}")
+        if ("above" in d) == ("at_most" in d):
+            raise WorkloadError(f"{at}above: give above or at_most, one of them")
+        above = float(_typed(d, "above", (int, float), at, None)) if "above" in d else None
+        at_most = float(_typed(d, "at_most", (int, float), at, None)) if "at_most" in d else None
+        out.append(Bar(figure=figure, ratio=(ratio[0], ratio[1]), above=above, at_most=at_most))
+    return tuple(out)
+
+
+def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
+    if isinstance(data, str):
+        data = {"name": data, "via": data}
+    d = _mapping(data, f"arms[{n}]", {"name", "via", "engine_args", "priority"})
+    at = f"arms[{n}]."
+    via = _choice(d, "via", ARMS, at)
+    if via == "proxy" and "engines" in top and "proxy" not in top:
+        raise WorkloadError(f"{at}via: the proxy arm needs a proxy key (settings may be empty)")
+    priority = _mapping(d.get("priority", {}), at + "priority", None)
+    classes = top.get("classes") or {}
+    for cls, value in priority.items():
+        if cls not in classes:
+            raise WorkloadError(f"{at}priority.{cls}: no such class")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise WorkloadError(f"{at}priority.{cls}: wrong type: {value!r}")
+    engine_args = _typed(d, "engine_args", str, at, "")
+    if engine_args and "engines" not in top:
+        raise WorkloadError(f"{at}engine_args: only with engines (the harness starts them)")
+    return ArmSpec(
+        name=_typed(d, "name", str, at, None),
+        via=via,
+        engine_args=engine_args,
+        priority={str(k): int(v) for k, v in priority.items()},
+    )
 
 
 def _mapping(data: Any, at: str, keys: set[str] | None) -> dict[str, Any]:

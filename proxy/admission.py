@@ -19,6 +19,7 @@ from typing import Any
 
 from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler, TrafficClass
 from proxy.scheduler.budget import BudgetChange
+from proxy.scheduler.history import Second
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,10 @@ class Admission:
     def now(self) -> float:
         return self._scheduler.clock.now()
 
+    def knows(self, job_id: str) -> bool:
+        """Whether a job of that id is queued, in flight or waiting for its turn."""
+        return job_id in self._waiters or job_id in self._scheduler.jobs
+
     def models(self) -> list[str]:
         """Every model some engine serves, sorted."""
         return self._scheduler.models()
@@ -189,6 +194,12 @@ class Admission:
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""
         return turn_report(self._scheduler)
+
+    def turn_history(self, seconds: int) -> list[tuple[str, list[Second]]]:
+        """Each engine's last ``seconds`` whole seconds of turns, in configuration order."""
+        now = self.now()
+        engines = self._scheduler.engines.items()
+        return [(name, e.turn_history_at(now, seconds)) for name, e in engines]
 
     def budget_changes(self, limit: int) -> list[tuple[str, BudgetChange]]:
         """The ``limit`` most recent budget moves of all engines, oldest first, each

@@ -38,6 +38,10 @@ ENV_VARS = (
     "WHOSETURN_IDLE_TIMEOUT_S",
     "WHOSETURN_DRAIN_TIMEOUT_S",
     "WHOSETURN_BATCH_STORE_PATH",
+    "WHOSETURN_BATCH_MIN_SHARE",
+    "WHOSETURN_HOLD_TIMEOUT_S",
+    "WHOSETURN_BATCH_STORE",
+    "WHOSETURN_BATCH_DSN",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 

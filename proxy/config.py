@@ -17,6 +17,8 @@ typo stops the proxy at start rather than at the first request. Example file::
     idle_timeout_s: 30            # then no silence longer than this between chunks
     outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
+    batch_min_share: 0.05         # batch keeps about this share of each engine's prefill
+    hold_timeout_s: 10            # a chat in prefill longer than this stops holding batch
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -33,7 +35,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
-``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``.
+``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``,
+``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ class EngineConfig:
 
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
+BATCH_STORES = ("sqlite", "postgres")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,9 +200,17 @@ class Settings:
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
     drain_timeout_s: float = 30.0
+    # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
+    batch_min_share: float = 0.05
+    hold_timeout_s: float = 10.0
 
-    # The Batch API (docs/batch.md): off while no store path is set.
+    # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
+    # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
+    batch_store: str = "sqlite"
     batch_store_path: str = ""
+    batch_dsn: str = field(default="", repr=False)
+    batch_pool_size: int = 10
+    batch_lease_s: float = 30.0
     batch_max_file_bytes: int = 200_000_000
     batch_max_lines: int = 50_000
     batch_window: int = 64
@@ -364,13 +376,25 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
+    _check(0 <= settings.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
+    _check(settings.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
     _check_batch(settings)
     return settings
 
 
 def _check_batch(settings: Settings) -> None:
-    for key in ("batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts"):
+    _check(settings.batch_store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
+    for key in (
+        "batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts",
+        "batch_pool_size",
+    ):  # fmt: skip
         _check(getattr(settings, key) >= 1, key, "must be at least 1")
+    _check(settings.batch_lease_s > 0, "batch_lease_s", "must be positive")
+    _check(
+        settings.batch_store != "postgres" or bool(settings.batch_dsn),
+        "batch_dsn",
+        "is required when batch_store is postgres (or set WHOSETURN_BATCH_DSN)",
+    )
     _check(settings.batch_retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
@@ -384,6 +408,10 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
+    "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
+    "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),
+    "WHOSETURN_BATCH_STORE": ("batch_store", str),
+    "WHOSETURN_BATCH_DSN": ("batch_dsn", str),
 }
 
 

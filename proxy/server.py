@@ -39,7 +39,7 @@ from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
 from proxy.metrics import ProxyMetrics
-from proxy.scheduler import Scheduler, SchedulerSettings
+from proxy.scheduler import HoldRules, Scheduler, SchedulerSettings
 
 logger = logging.getLogger(__name__)
 TICK_S = 0.05
@@ -86,7 +86,12 @@ async def build(
     scheduler = Scheduler(
         await _engines(settings, pool),
         clock,
-        SchedulerSettings(decision_log_size=settings.decision_log_size),
+        SchedulerSettings(
+            decision_log_size=settings.decision_log_size,
+            hold=HoldRules(
+                hold_timeout_s=settings.hold_timeout_s, batch_min_share=settings.batch_min_share
+            ),
+        ),
     )
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)

@@ -75,8 +75,18 @@ def run_demo(args: argparse.Namespace) -> int:
         console.print(f"{arm}: two simulated engines" + (" and the proxy" if via_proxy else ""))
         with servers(out, arm, engines=2, time_scale=args.time_scale, via_proxy=via_proxy) as s:
             route = proxy_route(s.proxy) if s.proxy else direct_route(s.engines)
+            watched = {f"engine-{n}": url for n, url in enumerate(s.engines)}
+            watched.update({"proxy": s.proxy} if s.proxy else {})
             arms[arm] = asyncio.run(
-                run_plan(workload, route, arm=arm, proxy=s.proxy, out=out, console=console)
+                run_plan(
+                    workload,
+                    route,
+                    arm=arm,
+                    proxy=s.proxy,
+                    out=out,
+                    console=console,
+                    servers=watched,
+                )
             )
             commands[arm] = s.commands
     finish(

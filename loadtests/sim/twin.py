@@ -218,17 +218,24 @@ def recommended_engine_flags(config: SchedulerConfig) -> SchedulerConfig:
 
 
 def evaluation_arms(
-    workload: MixedWorkload, config: SchedulerConfig, cost: StepCost, model: str
+    workload: MixedWorkload,
+    config: SchedulerConfig,
+    cost: StepCost,
+    model: str,
+    hold: HoldRules | None = None,
 ) -> list[ArmResult]:
     """The comparison of issue #3: direct FCFS, direct priority, through the proxy
-    (and, to show flags alone do not do it, direct FCFS with the recommended flags)."""
+    (and, to show flags alone do not do it, direct FCFS with the recommended flags).
+    ``hold``: the proxy's hold rules (default :class:`HoldRules`)."""
     tuned = recommended_engine_flags(config)
     fcfs = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.FCFS)
     prio = dataclasses.replace(config, scheduling_policy=SchedulingPolicy.PRIORITY)
     proxy_engine = EngineConfig(name="engine-0", models=frozenset({model}))
+    extra = SchedulerSettings(hold=hold) if hold is not None else None
     proxied, _ = run_proxy(
-        "(c) through the proxy, recommended flags", workload, tuned, cost, proxy_engine
-    )
+        "(c) through the proxy, recommended flags",
+        workload, tuned, cost, proxy_engine, scheduler_settings=extra,
+    )  # fmt: skip
     return [
         run_direct("(a) direct, FCFS", workload, fcfs, cost),
         run_direct(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.admission import Admitted, Closed
 from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
-from proxy.api.guard import StartWatch
+from proxy.api.guard import StartWatch, new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.pieces import Final, Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
@@ -38,6 +37,7 @@ from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
 from proxy.config import Settings
 from proxy.engines import (
+    EngineConnectTimeout,
     EngineHTTPError,
     EngineMonitor,
     EnginePool,
@@ -49,6 +49,9 @@ from proxy.scheduler import Job, TrafficClass
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+ANSWERED_LATELY_S = 10.0
+"""A connect timeout on an engine that answered within this long is the proxy's own
+delay: the connection is tried once more, and the engine is not ejected."""
 DONE = b"data: [DONE]\n\n"
 
 
@@ -120,7 +123,7 @@ class Forwarder:
         req = await read_request(request, path, default, self.settings)
         self._check_servable(req)
         count = await self.services.counter.count(req)
-        ticket = Ticket(f"wt-{uuid.uuid4().hex}", req, arrival, count)
+        ticket = Ticket(self._job_id(request), req, arrival, count)
         try:
             if req.wish.stream:
                 opened = await until_disconnect(request, self._open(ticket))
@@ -131,6 +134,16 @@ class Forwarder:
         except ClientGone:
             logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
+
+    def _job_id(self, request: Request) -> str:
+        """The request's id (:mod:`proxy.api.guard`), which is its job's id in the
+        scheduler and its decisions' in ``/turn/log``; a client's id already in use
+        by a request in flight is replaced by a new one (the response says which)."""
+        job_id = request_id(request.scope)
+        if self.services.admission.knows(job_id):
+            job_id = new_request_id()
+            set_request_id(request.scope, job_id)
+        return job_id
 
     async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
         """One whole answer for work with no client connection (a batch job's line),
@@ -188,24 +201,50 @@ class Forwarder:
         while True:
             admitted = await self._wait(ticket, retried, pieced)
             retried = True
-            client = self.pool.client_for(admitted.engine)
-            body = ticket.req.body_for(client.config.scheduling_policy)
+            try:
+                return await self._connect(ticket, admitted)
+            except BaseException as exc:
+                self._open_failed(ticket, admitted, exc)
+
+    async def _connect(self, ticket: Ticket, admitted: Admitted) -> Opened:
+        """Open the job's upstream stream on its engine. A connect timeout on an
+        engine that answered lately is tried once more: under a burst of new streams
+        the proxy's own event loop can be too busy to see a connection made in time,
+        and the request was not sent yet (the 503s once seen at 1,024 streams)."""
+        client = self.pool.client_for(admitted.engine)
+        body = ticket.req.body_for(client.config.scheduling_policy)
+        timeout = self.settings.first_byte_timeout_s
+        for attempt in range(2):
             stack = AsyncExitStack()
             try:
-                timeout = self.settings.first_byte_timeout_s
                 opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
                 response = await stack.enter_async_context(opening)
-                return Opened(admitted, response, stack)
-            except BaseException as exc:
+            except EngineConnectTimeout as exc:
                 await close_shielded(stack)
-                self._open_failed(ticket, admitted, exc)
+                if attempt or not self.monitor.answered_within(admitted.engine, ANSWERED_LATELY_S):
+                    raise
+                logger.info(
+                    "%s: %s on %s, which answered lately: connecting again",
+                    ticket.id,
+                    exc,
+                    admitted.engine,
+                )
+            except BaseException:
+                await close_shielded(stack)
+                raise
+            else:
+                self.monitor.answered(admitted.engine)
+                return Opened(admitted, response, stack)
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _open_failed(self, ticket: Ticket, admitted: Admitted, exc: BaseException) -> None:
         """Returns if the job was queued again for another engine; else raises what
         the client is to see."""
         engine = admitted.engine
         if isinstance(exc, EngineUnavailable):
-            self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
+            slow = isinstance(exc, EngineConnectTimeout)
+            if not (slow and self.monitor.answered_within(engine, ANSWERED_LATELY_S)):
+                self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
             raise engine_unavailable(f"No engine could take the request: {exc}") from exc

@@ -6,8 +6,13 @@
   full: at once when ``Content-Length`` says so, else as soon as the bytes
   received pass the limit (the handler reading the body gets
   :class:`BodyTooLarge`, an :class:`~proxy.api.errors.APIError`);
-- turns any exception nobody handled into an OpenAI-shaped 500 that carries a
-  request id (``X-Request-Id``), logged once with that id and never the body;
+- gives every request an id and every response an ``X-Request-Id`` header with
+  it: the client's own ``X-Request-Id`` if it is sane (:func:`sane_request_id`),
+  else a new one. Handlers read it with :func:`request_id` and may replace it
+  with :func:`set_request_id` (the completion routes do when the client's id is
+  already in use by a request in flight) before the response starts;
+- turns any exception nobody handled into an OpenAI-shaped 500 that carries the
+  request id, logged once with that id and never the body;
 - treats a client that went away while its body was read (``ClientDisconnect``)
   as the client's business: logged at debug, not as a traceback.
 """
@@ -15,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 
@@ -36,6 +42,57 @@ class StartWatch:
 
     async def __call__(self, message: Message) -> None:
         self.started = self.started or message["type"] == "http.response.start"
+        await self.send(message)
+
+
+REQUEST_ID_HEADER = b"x-request-id"
+_SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
+
+
+def new_request_id() -> str:
+    return f"wt-{uuid.uuid4().hex}"
+
+
+def sane_request_id(value: str | None) -> str | None:
+    """``value`` if it can serve as a request id (1-128 printable ASCII characters
+    from a safe set, starting with a letter or digit), else None."""
+    if value is None or not _SANE_ID.fullmatch(value):
+        return None
+    return value
+
+
+def request_id(scope: Scope) -> str:
+    """The request's id, as :class:`Guard` chose it."""
+    rid: str = scope.setdefault("state", {}).setdefault("request_id", new_request_id())
+    return rid
+
+
+def set_request_id(scope: Scope, value: str) -> None:
+    """Replace the request's id (before its response starts)."""
+    scope.setdefault("state", {})["request_id"] = value
+
+
+def _client_request_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == REQUEST_ID_HEADER:
+            return sane_request_id(value.decode("latin-1"))
+    return None
+
+
+class IdSend:
+    """An ASGI ``send`` that adds ``X-Request-Id`` (the request's id as it stands
+    when the response starts) unless the response names one itself."""
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope = scope
+        self.send = send
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if all(name.lower() != REQUEST_ID_HEADER for name, _ in headers):
+                headers.append((REQUEST_ID_HEADER, request_id(self.scope).encode("latin-1")))
+                message = {**message, "headers": headers}
         await self.send(message)
 
 
@@ -73,6 +130,8 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        set_request_id(scope, _client_request_id(scope) or new_request_id())
+        send = IdSend(scope, send)
         limit = self.path_limits.get(scope["path"], self.limit)
         length = declared_length(scope)
         if length is not None and length > limit:
@@ -102,18 +161,18 @@ class Guard:
         return limited
 
     async def _failed(self, scope: Scope, send: Send, started: bool) -> None:
-        request_id = f"req-{uuid.uuid4().hex}"
+        rid = request_id(scope)
         path = scope["path"].encode("ascii", "backslashreplace").decode()
-        logger.exception("unexpected error on %s %s (%s)", scope["method"], path, request_id)
+        logger.exception("unexpected error on %s %s (%s)", scope["method"], path, rid)
         if started:
             return  # the response is under way; the server closes the connection
         error = APIError(
             500,
-            f"The proxy failed on this request; its id is {request_id}.",
+            f"The proxy failed on this request; its id is {rid}.",
             err_type="server_error",
-            code=request_id,
+            code=rid,
         )
-        await _send_error(send, error, {"x-request-id": request_id})
+        await _send_error(send, error, {"x-request-id": rid})
 
 
 async def _send_error(send: Send, error: APIError, headers: dict[str, str]) -> None:

@@ -79,6 +79,11 @@ class Relay:
         self.services = services
         self.stats = RelayStats()
         self._labels = (ticket.req.cls.value, admitted.engine)
+        metrics = services.metrics
+        # the labelled children, looked up once: the per-token path only observes
+        self._ttft = metrics.ttft.labels(*self._labels)
+        self._prefill = metrics.prefill.labels(*self._labels)
+        self._inter_token = metrics.inter_token.labels(*self._labels)
 
     async def events(self) -> AsyncIterator[SSEEvent]:
         """The engine's events as they complete; read errors propagate (httpx), and
@@ -117,16 +122,16 @@ class Relay:
             self._token(self.services.clock.now())
 
     def _token(self, now: float) -> None:
-        metrics, admission = self.services.metrics, self.services.admission
+        admission = self.services.admission
         last = self.stats.last_token_at
         self.stats.last_token_at = now
         if last is None:
             self.stats.first_token_at = now
-            metrics.ttft.labels(*self._labels).observe(now - self.ticket.arrival)
-            metrics.prefill.labels(*self._labels).observe(now - self.admitted.dispatched_at)
+            self._ttft.observe(now - self.ticket.arrival)
+            self._prefill.observe(now - self.admitted.dispatched_at)
             admission.first_token(self.ticket.id)
         else:
-            metrics.inter_token.labels(*self._labels).observe(now - last)
+            self._inter_token.observe(now - last)
             admission.token_gap(self.ticket.id, now - last)
 
     def finish(self, outcome: str) -> None:

@@ -52,10 +52,13 @@ class SSEEvent:
 
 
 def _parse(block: bytes) -> tuple[Json | None, bool]:
-    lines = [ln[5:].lstrip() for ln in block.splitlines() if ln.startswith(b"data:")]
-    if not lines:
-        return None, False
-    payload = b"\n".join(lines)
+    if block.startswith(b"data:") and b"\n" not in block and b"\r" not in block:
+        payload = block[5:].lstrip()  # one data line, the usual case
+    else:
+        lines = [ln[5:].lstrip() for ln in block.splitlines() if ln.startswith(b"data:")]
+        if not lines:
+            return None, False
+        payload = b"\n".join(lines)
     if payload.strip() == b"[DONE]":
         return None, True
     try:
@@ -84,6 +87,9 @@ class SSEReader:
             events.append(SSEEvent(raw, data, done))
 
     def _boundary(self) -> tuple[int, int]:
+        if b"\r" not in self._buffer:
+            i = self._buffer.find(b"\n\n")
+            return (i, 2) if i >= 0 else (-1, 0)
         found = [(i, len(s)) for s in (b"\n\n", b"\r\n\r\n") if (i := self._buffer.find(s)) >= 0]
         return min(found) if found else (-1, 0)
 

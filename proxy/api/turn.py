@@ -1,4 +1,10 @@
-"""``GET /turn`` and ``GET /turn/log``: whose turn it is, and the decisions behind it."""
+"""``GET /turn``, ``GET /turn/log`` and ``GET /turn/history``: whose turn it is,
+the decisions behind it, and the turns of the last minutes.
+
+Every time these routes give is wall-clock ISO 8601 UTC with milliseconds
+(``2026-12-01T06:29:41.001+00:00``); the scheduler's own clock is converted at
+this edge. All three are reads: they never run the scheduler or change its state.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from proxy.admission import Admission
 from proxy.batch.lines import job_line
 from proxy.scheduler.budget import BudgetChange
+from proxy.scheduler.history import DEFAULT_SPAN_S
 from proxy.scheduler.turns import sentence
 
 
@@ -23,20 +30,56 @@ def wants_text(request: Request) -> bool:
     return "text/plain" in accept and "application/json" not in accept
 
 
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def _with_times(engine: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The report's ages (seconds before now) as ISO times: the budget's history
+    and last cut, and when the current turn began."""
+    budget = dict(engine["budget"])
+    budget["history"] = [[_iso(wall + age), tokens] for age, tokens in budget["history"]]
+    if budget.get("why") is not None:
+        budget["why"] = {**budget["why"], "time": _iso(wall + budget["why"]["age_s"])}
+    since = _iso(wall - engine["turn_for_s"])
+    return {**engine, "turn_since": since, "budget": budget}
+
+
 def turn_body(
     admission: Admission, pieces: dict[str, dict[str, object]] | None = None
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
     with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`)."""
-    engines = admission.report()
+    wall = time.time()
+    engines = [_with_times(e, wall) for e in admission.report()]
     for entry in engines:
         if pieces is not None and entry.get("engine") in pieces:
             entry["piecing"] = pieces[entry["engine"]]
-    return {"time": time.time(), "engines": engines}
+    return {"time": _iso(wall), "engines": engines}
 
 
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+def history_body(admission: Admission, seconds: int) -> dict[str, Any]:
+    """Each engine's last ``seconds`` whole seconds (at most the ring's span), oldest
+    first: for each, its start and the share of it spent in each turn."""
+    wall, now = time.time(), admission.now()
+    seconds = max(1, min(seconds, DEFAULT_SPAN_S))
+    return {
+        "time": _iso(wall),
+        "seconds": seconds,
+        "engines": [
+            {
+                "engine": name,
+                "history": [
+                    {
+                        "time": _iso(wall + (second - now)),
+                        "turns": {t.value: s for t, s in spent.items()},
+                    }
+                    for second, spent in ring
+                ],
+            }
+            for name, ring in admission.turn_history(seconds)
+        ],
+    }
 
 
 def budget_change_body(engine: str, c: BudgetChange, offset: float) -> dict[str, Any]:
@@ -74,7 +117,7 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
         "budget": [budget_change_body(name, c, offset) for name, c in moves],
         "decisions": [
             {
-                "time": d.time + offset,
+                "time": _iso(d.time + offset),
                 "engine": d.engine,
                 "request_id": d.job_id,
                 "class": d.cls.value,
@@ -107,3 +150,7 @@ def install_turn_routes(
     @app.get("/turn/log")
     async def turn_log(request: Request, limit: int = 100) -> JSONResponse:
         return JSONResponse(log_body(admission_of(request), limit))
+
+    @app.get("/turn/history")
+    async def turn_history(request: Request, seconds: int = 60) -> JSONResponse:
+        return JSONResponse(history_body(admission_of(request), seconds))

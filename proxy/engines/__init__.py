@@ -10,6 +10,7 @@ current. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
 from proxy.engines._client import EngineClient
 from proxy.engines._exceptions import (
     EngineBadResponse,
+    EngineConnectTimeout,
     EngineHTTPError,
     EngineStreamBroken,
     EngineTimeout,
@@ -25,6 +26,7 @@ __all__ = [
     "CacheFacts",
     "EngineBadResponse",
     "EngineClient",
+    "EngineConnectTimeout",
     "EngineHTTPError",
     "EngineMonitor",
     "EnginePool",

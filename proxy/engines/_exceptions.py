@@ -37,6 +37,12 @@ class EngineUnavailable(UpstreamError):
     """No response byte came back; the request may be retried elsewhere."""
 
 
+class EngineConnectTimeout(EngineUnavailable):
+    """The connection was not made within the connect timeout: the engine is slow to
+    accept, or the proxy's own event loop was too busy to see it accept in time. The
+    request was not sent."""
+
+
 class EngineHTTPError(UpstreamError):
     """The engine answered with a non-2xx status."""
 
@@ -67,6 +73,8 @@ def describe(exc: BaseException) -> str:
 
 def map_request_error(engine: str, exc: httpx.HTTPError) -> UpstreamError:
     """An httpx error raised before the response began."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return EngineConnectTimeout(engine, describe(exc))
     return EngineUnavailable(engine, describe(exc))
 
 

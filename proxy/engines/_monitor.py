@@ -11,6 +11,10 @@
   ``settings.outlier_consecutive_errors`` in a row with no success between
   (:meth:`EngineMonitor.request_failed`, :meth:`EngineMonitor.request_succeeded`).
   Recovery is by health check, as above.
+- :meth:`EngineMonitor.answered_within` says whether an engine answered lately (a
+  passing health check, or a request whose response began): a connect timeout on
+  such an engine is taken for the proxy's own delay (a burst of new streams on a
+  busy event loop), not a reason to eject it (:mod:`proxy.api.forward`).
 - The loads of up engines go to ``scheduler.observe_load``. A failed scrape is
   logged at warning and counted in ``scrape_failures``; the scheduler keeps the
   last load it was given.
@@ -19,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -66,6 +71,7 @@ class EngineMonitor:
         self.scrape_failures: dict[str, int] = dict.fromkeys(names, 0)
         self.request_errors: dict[str, int] = dict.fromkeys(names, 0)
         self.ejected_because: dict[str, str] = {}
+        self.answered_at: dict[str, float] = {}  # time.monotonic() of its last answer
         self.health_rounds = 0
         self._epoch: dict[str, int] = dict.fromkeys(names, 0)
 
@@ -120,11 +126,21 @@ class EngineMonitor:
         elif self.request_errors[name] >= self.settings.outlier_consecutive_errors:
             self.mark_failed(name, f"{self.request_errors[name]} requests failed in a row")
 
+    def answered(self, name: str) -> None:
+        """A request's response from ``name`` began."""
+        self.answered_at[name] = time.monotonic()
+
+    def answered_within(self, name: str, seconds: float) -> bool:
+        """Whether ``name`` answered (health check or request) in the last ``seconds``."""
+        at = self.answered_at.get(name)
+        return at is not None and time.monotonic() - at <= seconds
+
     def request_succeeded(self, name: str) -> None:
         self.request_errors[name] = 0
 
     def _record(self, name: str, ok: bool) -> None:
         if ok:
+            self.answered(name)
             self.failures[name] = 0
             if not self.up[name]:
                 logger.info("engine %s readmitted: its health check passed", name)

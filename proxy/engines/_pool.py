@@ -15,6 +15,7 @@ from proxy.engines._exceptions import UpstreamError
 logger = logging.getLogger(__name__)
 
 MIN_CONNECTIONS = 1000
+POOL_SHARDS = 16
 WRITE_TIMEOUT_S = 30.0
 USER_AGENT = "whoseturn"
 
@@ -29,17 +30,51 @@ def make_http_client(
     for a free connection is queueing, not failure. Engines are asked not to
     compress (``Accept-Encoding: identity``) so raw bytes can be passed through
     to clients as they are, and proxy variables in the environment are ignored.
+
+    Connections are kept in :data:`POOL_SHARDS` pools (:class:`ShardedTransport`)
+    unless ``transport`` is given (tests swap it).
     """
     connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
+    if transport is None:
+        per_shard = -(-connections // POOL_SHARDS)
+        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        tls = httpx.create_ssl_context()  # one for all: each costs loading the CA bundle
+        transport = ShardedTransport(
+            [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
+        )
     return httpx.AsyncClient(
         transport=transport,
         timeout=httpx.Timeout(
             connect=settings.connect_timeout_s, read=None, write=WRITE_TIMEOUT_S, pool=None
         ),
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
         trust_env=False,
     )
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Requests spread in turn over several connection pools.
+
+    httpcore's pool walks all its connections each time a request starts or a
+    response closes, and for each idle one builds a list of them all again: the
+    work per stream grows with the connections open, and with a thousand streams
+    open (one connection each) it was a large part of the proxy's CPU (profile in
+    docs/overhead.md). In ``n`` pools each walk covers a ``1/n`` share.
+    """
+
+    def __init__(self, shards: Sequence[httpx.AsyncBaseTransport]) -> None:
+        if not shards:
+            raise ValueError("a sharded transport needs at least one shard")
+        self._shards = list(shards)
+        self._turn = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._turn = (self._turn + 1) % len(self._shards)
+        return await self._shards[self._turn].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.aclose()
 
 
 class EnginePool:

@@ -140,6 +140,14 @@ class BudgetController:
         ttft = self.ttft.values(now, self._cut_marks[0])
         return len(ttft), len(self.gaps.values(now, self._cut_marks[1]))
 
+    def due(self, now: float) -> bool:
+        """Whether :meth:`update` at ``now`` would run the loop (an interval passed)."""
+        return not now - self._last_update < self.settings.interval_s
+
+    def next_due(self) -> float:
+        """About when the loop is next due (:meth:`due` decides exactly)."""
+        return self._last_update + self.settings.interval_s
+
     def update(self, now: float, batch_waiting: bool) -> int:
         """Run the loop if an interval has passed; returns the budget."""
         s = self.settings

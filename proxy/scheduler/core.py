@@ -22,21 +22,39 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
 - **Batch is never starved**: a chat in prefill longer than the hold timeout
   stops holding batch, and batch earns credit from the chat prompts sent while it
   waits, so it keeps a minimum share of each engine's prefill (:class:`HoldRules`).
-- Each engine's turn and the reason batch is held are recomputed after every
+- Each engine's turn and the reason batch is held are kept up to date after every
   event, and the time spent in each is accounted.
+
+What a decision costs: the queues are indexed by model (:mod:`proxy.scheduler.queue`),
+so an engine's first batch job is the earliest head of the lines of the models it
+serves, not the result of a scan. An event marks the engines whose turn it may change
+(the engine a job went to or left, the engines whose first batch job changed, an
+engine whose health, load or models changed); only those are re-evaluated after it,
+and the others keep their turn and held reason, which is exactly what a fresh
+evaluation would give. Time changes two inputs without an event: a chat in prefill
+stops holding batch after the hold timeout (a heap of dispatch times, popped by the
+same test :meth:`EngineState.holds_for_interactive` applies), and the budget loop runs
+once per interval (the earliest time one is due is kept). The batch pass takes jobs in
+arrival order as before, but reads the lines per model, stops reading a model once
+every engine serving it is blocked, and takes an engine's refusal of its first job
+from its turn unless the engine was marked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.config import EngineConfig
+from proxy.scheduler.queue import JobQueue
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
+from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules
 from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -66,13 +84,31 @@ class Scheduler:
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
-        self.engines = {e.name: EngineState(e, now, self.settings.hold) for e in engines}
+        self._events = EventTime(now)
+        self.engines = {
+            e.name: EngineState(e, now, self.settings.hold, self._events) for e in engines
+        }
         if len(self.engines) != len(engines):
             raise ValueError("engine names must be unique")
-        self.queues: dict[TrafficClass, deque[Job]] = {c: deque() for c in TrafficClass}
+        self.queues: dict[TrafficClass, JobQueue] = {c: JobQueue() for c in TrafficClass}
         self.jobs: dict[str, Job] = {}
         self.log: deque[Decision] = deque(maxlen=self.settings.decision_log_size)
         self.affinity = AffinityMap()
+        self._by_model: dict[str, list[EngineState]] = {}
+        self._names_by_model: dict[str, frozenset[str]] = {}
+        self._index_models()
+        # engines whose held reason is None (open to their first batch job, if any)
+        self._unheld: set[str] = set(self.engines)
+        # the hold last logged for each queued job: a reason is logged once, when it
+        # changes, even if the job's held reason was lifted in between (a budget grew)
+        self._logged_hold: dict[str, HeldReason] = {}
+        # engines that can take a chat now (up, under the cap), kept by _mark
+        self._takes = {n for n, e in self.engines.items() if e.can_take_interactive()}
+        # engines whose turn an event may have changed: re-evaluated at its end
+        self._dirty: set[str] = set(self.engines)
+        # dispatch times of chats sent (engine named): when each stops holding batch
+        self._holds: list[tuple[float, str]] = []
+        self._budget_due = -math.inf  # no budget loop is due before this time
 
     # -- intake ----------------------------------------------------------------
 
@@ -91,15 +127,30 @@ class Scheduler:
         """The engines that serve no model yet (not discovered at start)."""
         return [e.name for e in self.engines.values() if not e.settings.models]
 
+    def _index_models(self) -> None:
+        self._by_model = {}
+        for e in self.engines.values():
+            for model in e.settings.models:
+                self._by_model.setdefault(model, []).append(e)
+        self._names_by_model = {
+            m: frozenset(e.name for e in es) for m, es in self._by_model.items()
+        }
+
     def submit(self, job: Job) -> None:
         """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
-        if not any(e.serves(job.model) for e in self.engines.values()):
+        if not self._by_model.get(job.model):
             raise UnknownModel(job.model)
         if job.id in self.jobs:
             raise ValueError(f"duplicate job id {job.id!r}")
         now = self._begin()
         self.jobs[job.id] = job
-        self.queues[job.cls].append(job)
+        queue = self.queues[job.cls]
+        # last in line: the first batch job only of engines that had none of it
+        if job.cls is TrafficClass.BATCH and (
+            queue.first_of_model(job.model) is None or not queue.all_eligible(job.model)
+        ):
+            self._mark_model(job.model)
+        queue.append(job)
         self._end(now)
 
     def cancel(self, job_id: str) -> Job | None:
@@ -113,12 +164,38 @@ class Scheduler:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return None
+        self._logged_hold.pop(job_id, None)
         if job.phase is Phase.QUEUED:
-            self.queues[job.cls].remove(job)
+            self._unqueue(job)
         elif job.engine is not None:
-            self.engines[job.engine].inflight.pop(job.id, None)
+            self.engines[job.engine].release(job.id)
+            self._mark(job.engine)
         job.phase = Phase.DONE
         return job
+
+    def _unqueue(self, job: Job) -> None:
+        """Take a queued job out of its queue, marking the engines it was first for."""
+        queue = self.queues[job.cls]
+        if job.cls is TrafficClass.BATCH and (
+            queue.first_of_model(job.model) is job or not queue.all_eligible(job.model)
+        ):
+            self._mark_model(job.model, job)
+        queue.remove(job)
+
+    def _mark_model(self, model: str, job: Job | None = None) -> None:
+        """Mark the engines serving ``model`` (those ``job`` may go to)."""
+        for e in self._by_model.get(model, ()):
+            if job is None or e.name not in job.excluded:
+                self._mark(e.name)
+
+    def _mark(self, name: str) -> None:
+        """An event may have changed engine ``name``'s turn: re-evaluate it at the
+        event's end; whether it can take a chat is read again now."""
+        self._dirty.add(name)
+        if self.engines[name].can_take_interactive():
+            self._takes.add(name)
+        else:
+            self._takes.discard(name)
 
     # -- decisions -------------------------------------------------------------
 
@@ -131,12 +208,21 @@ class Scheduler:
         return out
 
     def _candidates(self, job: Job) -> list[EngineState]:
-        return [e for e in self.engines.values() if e.eligible(job)]
+        engines = self._by_model.get(job.model, ())
+        if not job.excluded:
+            return list(engines)
+        return [e for e in engines if e.name not in job.excluded]
 
     def _dispatch_interactive(self, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
         for job in list(self.queues[TrafficClass.INTERACTIVE]):
-            ready = [e for e in self._candidates(job) if e.can_take_interactive()]
+            names = self._names_by_model.get(job.model, frozenset())
+            takes = self._takes
+            ready: list[EngineState]
+            if not job.excluded and names <= takes:
+                ready = self._by_model.get(job.model, [])
+            else:
+                ready = [e for e in self._candidates(job) if e.name in takes]
             if not ready:
                 up = any(e.up for e in self._candidates(job))
                 reason = HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
@@ -148,33 +234,78 @@ class Scheduler:
         return out
 
     def _dispatch_batch(self, now: float) -> list[Dispatch]:
+        """Batch jobs in arrival order: each goes to the open engine with the least in
+        prefill, or is held on its first engine's reason, its engines then blocked for
+        the rest of the pass (a job held on an engine holds later ones there too).
+
+        Each model's line is read from its head; the jobs left in it (held, or with
+        no engine left for them) are counted in ``kept``, and a model is dropped once
+        every engine serving it is blocked. An engine unmarked since the last event's
+        end refuses its first job for the reason its turn names (the job a pass asks
+        an engine about is always its first), so only marked engines are asked."""
         out: list[Dispatch] = []
         blocked: set[str] = set()
-        for job in list(self.queues[TrafficClass.BATCH]):
-            candidates = [e for e in self._candidates(job) if e.name not in blocked]
-            if not candidates:
+        queue = self.queues[TrafficClass.BATCH]
+        kept = dict.fromkeys(queue.models(), 0)
+        dirty = self._dirty
+        while kept:
+            job: Job | None = None
+            model = ""
+            for m in list(kept):
+                nxt = queue.nth_of_model(m, kept[m])
+                if nxt is None:
+                    del kept[m]
+                elif job is None or queue.seq(nxt) < queue.seq(job):
+                    job, model = nxt, m
+            if job is None:
+                break
+            excluded = job.excluded
+            first = next(
+                (
+                    e
+                    for e in self._by_model.get(model, ())
+                    if e.name not in blocked and e.name not in excluded
+                ),
+                None,
+            )
+            if first is None:
+                kept[model] += 1
+                if not excluded:
+                    del kept[model]  # every engine serving the model is blocked
                 continue
-            refusals = {e.name: e.batch_refusal(job) for e in candidates}
-            open_ = [e for e in candidates if refusals[e.name] is None]
+            # the candidates are the model's engines neither blocked nor excluded; of
+            # those, only marked ones and ones whose turn holds nothing may be open
+            names = self._names_by_model[model]
+            asked = ((dirty & names) | (self._unheld & names)) - blocked - excluded
+            refusals = {
+                n: self.engines[n].batch_refusal(job) if n in dirty else None for n in asked
+            }
+            open_ = [self.engines[n] for n, r in refusals.items() if r is None]
             if open_:
-                engine = min(open_, key=lambda e: (e.prefill_tokens(), len(e.inflight), e.name))
-                out.append(self._send(now, job, engine))
+                out.append(self._send(now, job, min(open_, key=_RANK)))
                 continue
-            blocked.update(refusals)
-            reason = refusals[candidates[0].name]
+            blocked |= names - excluded if excluded else names
+            reason = refusals.get(first.name, first.held_reason)
             assert reason is not None
-            self._hold(now, job, candidates, reason)
+            self._hold(now, job, (first,), reason)
+            kept[model] += 1
+            if not excluded:
+                del kept[model]
         return out
 
     def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:
-        self.queues[job.cls].remove(job)
+        self._unqueue(job)
         job.phase = Phase.PREFILL
         job.engine = engine.name
         job.dispatched_at = now
         job.held = None
+        self._logged_hold.pop(job.id, None)
         _mark_beside_batch(engine, job)
         engine.record_dispatch(job, self._head_batch_job(engine) is not None)
-        engine.inflight[job.id] = job
+        engine.admit(job)
+        self._mark(engine.name)
+        if job.cls is TrafficClass.INTERACTIVE:
+            heapq.heappush(self._holds, (now, engine.name))
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
         return Dispatch(job, engine.name, job.attempts, now)
@@ -182,9 +313,10 @@ class Scheduler:
     def _hold(
         self, now: float, job: Job, engines: Iterable[EngineState], reason: HeldReason
     ) -> None:
-        if job.held is reason:
-            return
         job.held = reason
+        if self._logged_hold.get(job.id) is reason:
+            return
+        self._logged_hold[job.id] = reason
         first = next(iter(engines), None)
         if first is not None:
             self._log(now, first.name, job, False, reason)
@@ -200,7 +332,8 @@ class Scheduler:
         if job is None or job.phase is not Phase.PREFILL or job.engine is None:
             return
         now = self._begin()
-        job.phase = Phase.DECODE
+        self.engines[job.engine].start_decode(job)
+        self._mark(job.engine)
         job.first_token_at = now
         if job.beside_batch and job.dispatched_at is not None:
             # engine-side: the proxy's own queue and the cap are not batch's doing
@@ -226,7 +359,8 @@ class Scheduler:
         if job is None or job.engine is None:
             return False  # not in flight: unknown, or already requeued by a first report
         now = self._begin()
-        self.engines[job.engine].inflight.pop(job.id, None)
+        self.engines[job.engine].release(job.id)
+        self._mark(job.engine)
         job.excluded.add(job.engine)
         job.pinned = None  # a pieced prompt's cache is lost with its engine
         others = [e for e in self._candidates(job) if e.up]
@@ -235,6 +369,8 @@ class Scheduler:
             job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
             job.attempts += 1
             self.queues[job.cls].appendleft(job)
+            if job.cls is TrafficClass.BATCH:
+                self._mark_model(job.model, job)
         else:
             del self.jobs[job.id]
             job.phase = Phase.DONE
@@ -246,41 +382,88 @@ class Scheduler:
         now = self._begin()
         engine = self.engines[name]
         engine.settings = dataclasses.replace(engine.settings, models=tuple(models))
+        self._index_models()
+        for name in self.engines:
+            self._mark(name)
         self._end(now)
 
     def set_engine_up(self, name: str, up: bool) -> None:
         now = self._begin()
         self.engines[name].up = up
+        self._mark(name)
         self._end(now)
 
     def observe_load(self, name: str, load: EngineLoad) -> None:
         now = self._begin()
         self.engines[name].load = load
+        self._mark(name)
         self._end(now)
 
     def tick(self) -> None:
-        """Advance accounting and the budget loops to now (call it periodically)."""
+        """Advance accounting and the budget loops to now (call it periodically).
+        Every engine is brought up to date and re-evaluated."""
         now = self._begin()
+        for engine in self.engines.values():
+            engine.account(now)
+        for name in self.engines:
+            self._mark(name)
         self._end(now)
 
     # -- turns -----------------------------------------------------------------
 
     def _begin(self) -> float:
         now = self.clock.now()
-        for engine in self.engines.values():
-            engine.account(now)
+        self._events.advance(now)
+        # chats that stopped holding batch since: the same test as holds_for_interactive
+        holds, timeout = self._holds, self.settings.hold.hold_timeout_s
+        while holds and not self._events.now - holds[0][0] < timeout:
+            self._mark(heapq.heappop(holds)[1])
         return now
 
     def _end(self, now: float) -> None:
-        for engine in self.engines.values():
-            _, reason = self._turn_of(engine)
-            engine.budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
-            # on the budget as it now stands: one that just grew may admit the held
-            # job at the next dispatch, and the turn says so already
+        dirty = self._dirty
+        grown: set[str] = set()
+        if now >= self._budget_due - 1e-6:
+            # some budget loop may be due: each runs on the turn as it stands
+            due = math.inf
+            for engine in self.engines.values():
+                budget = engine.budget
+                if budget.due(now):
+                    fresh = engine.name in dirty
+                    reason = self._turn_of(engine)[1] if fresh else engine.held_reason
+                    before = budget.tokens
+                    budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
+                    if budget.tokens != before:
+                        dirty.add(engine.name)
+                    if budget.tokens > before:
+                        grown.add(engine.name)
+                due = min(due, budget.next_due())
+            self._budget_due = due
+        # on the budget as it now stands: one that just grew may admit the held
+        # job at the next dispatch, and the turn says so already
+        for name in dirty:
+            engine = self.engines[name]
             engine.set_turn(now, *self._turn_of(engine))
+            if engine.held_reason is None:
+                self._unheld.add(name)
+                if name in grown:
+                    self._clear_stale_hold(engine)
+            else:
+                self._unheld.discard(name)
+        dirty.clear()
+
+    def _clear_stale_hold(self, engine: EngineState) -> None:
+        """A budget that grew at the end of an event frees the job it held: the job no
+        longer carries that reason, so it and its first engine's turn agree."""
+        head = self._head_batch_job(engine)
+        if head is None or head.held is not HeldReason.PREFILL_BUDGET:
+            return
+        first = next((e for e in self._candidates(head) if e.eligible(head)), None)
+        if first is engine:
+            head.held = None
 
     def _head_batch_job(self, engine: EngineState) -> Job | None:
-        return next((j for j in self.queues[TrafficClass.BATCH] if engine.eligible(j)), None)
+        return self.queues[TrafficClass.BATCH].first_for(engine.name, engine.settings.models)
 
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
         """The engine's turn, and why its first batch job is held: exactly what
@@ -295,6 +478,9 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+_RANK = operator.attrgetter("rank")
 
 
 def _mark_beside_batch(engine: EngineState, job: Job) -> None:

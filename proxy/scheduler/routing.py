@@ -8,6 +8,7 @@ predicted wait is worse than the best by more than the slack.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -45,10 +46,19 @@ class AffinityMap:
 def pick_engine(
     candidates: Sequence[EngineState], job: Job, preferred: str | None, slack_tokens: int
 ) -> EngineState:
-    """The candidate with the least predicted wait, or the preferred one if close enough."""
-    best = min(candidates, key=lambda e: (predicted_wait(e, job), len(e.inflight), e.name))
-    for engine in candidates:
-        close = predicted_wait(engine, job) <= predicted_wait(best, job) + slack_tokens
-        if engine.name == preferred and close:
-            return engine
+    """The candidate with the least predicted wait, or the preferred one if close enough.
+
+    The wait is the engine's prefill tokens plus the job's own, the same for every
+    engine, so the least wait is the least :attr:`EngineState.rank` (prefill tokens,
+    jobs in flight, name), a counter read per engine."""
+    best = min(candidates, key=_RANK)
+    if preferred is not None and preferred != best.name:
+        for engine in candidates:
+            if engine.name == preferred:
+                if predicted_wait(engine, job) <= predicted_wait(best, job) + slack_tokens:
+                    return engine
+                break
     return best
+
+
+_RANK = operator.attrgetter("rank")

@@ -4,6 +4,15 @@ Work in flight is split by phase and class: prompt tokens still in prefill
 (dispatched, no first token yet) and streams in decode. Headroom comes from the
 engine's own ``/metrics`` (KV-cache usage, requests waiting inside the engine) as
 last scraped, and from the configured concurrency caps.
+
+The sums a decision reads (prompt tokens in prefill, streams per class, chats in
+prefill) are counters kept as work is admitted, starts decoding and leaves
+(:meth:`EngineState.admit`, :meth:`~EngineState.start_decode`,
+:meth:`~EngineState.release`), so reading them costs the same with 1 or 1,000
+jobs in flight. Turn time is charged lazily: an engine is brought up to date when
+its turn changes or when it is read, against the time of the scheduler's last event
+(:class:`EventTime`, shared by the scheduler's engines), so an event costs nothing
+for the engines it does not touch.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from dataclasses import dataclass
 
 from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController
+from proxy.scheduler.history import Second, TurnHistory
 from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
@@ -23,6 +33,19 @@ class EngineLoad:
     kv_usage: float = 0.0
     waiting: int = 0
     running: int = 0
+
+
+class EventTime:
+    """The time of the last event the scheduler handled, shared by its engines: what
+    their turn time is charged up to, and the "now" of the hold timeout."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def advance(self, now: float) -> None:
+        self.now = max(self.now, now)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +70,13 @@ class HoldRules:
 
 
 class EngineState:
-    def __init__(self, settings: EngineConfig, now: float, rules: HoldRules | None = None) -> None:
+    def __init__(
+        self,
+        settings: EngineConfig,
+        now: float,
+        rules: HoldRules | None = None,
+        events: EventTime | None = None,
+    ) -> None:
         self.settings = settings
         self.rules = rules or HoldRules()
         self.batch_credit = 0.0  # prompt tokens batch may run beside chat (HoldRules)
@@ -58,10 +87,20 @@ class EngineState:
         self.budget = BudgetController(settings.budget, now)
         self.turn = Turn.IDLE
         self.held_reason: HeldReason | None = None
-        self.turn_seconds: dict[Turn, float] = dict.fromkeys(Turn, 0.0)
-        self.held_seconds: dict[HeldReason, float] = dict.fromkeys(HeldReason, 0.0)
+        self._turn_seconds: dict[Turn, float] = dict.fromkeys(Turn, 0.0)
+        self._held_seconds: dict[HeldReason, float] = dict.fromkeys(HeldReason, 0.0)
         self.turn_since = now
+        self.turn_history = TurnHistory()
         self._accounted_at = now
+        self._events = events if events is not None else EventTime(now)
+        # counters over ``inflight``, kept by admit / start_decode / release
+        self._prefill = dict.fromkeys(TrafficClass, 0)  # prompt tokens in prefill
+        self._decode = dict.fromkeys(TrafficClass, 0)  # streams in decode
+        self._count = dict.fromkeys(TrafficClass, 0)  # jobs in flight
+        self._chats_in_prefill: dict[str, Job] = {}
+        self.rank: tuple[int, int, str] = (0, 0, self.name)
+        """(prompt tokens in prefill, jobs in flight, name): least is where a chat waits
+        least for its first token (:func:`proxy.scheduler.routing.pick_engine`)."""
 
     def serves(self, model: str) -> bool:
         return model in self.settings.models
@@ -75,28 +114,56 @@ class EngineState:
 
     # -- work in flight --------------------------------------------------------
 
+    def admit(self, job: Job) -> None:
+        """``job`` (in prefill) is now in flight here."""
+        self.inflight[job.id] = job
+        self._count[job.cls] += 1
+        self._add_phase(job, 1)
+
+    def start_decode(self, job: Job) -> None:
+        """``job``, in flight here, had its first token."""
+        if job.phase is Phase.PREFILL:
+            self._add_phase(job, -1)
+            job.phase = Phase.DECODE
+            self._add_phase(job, 1)
+
+    def release(self, job_id: str) -> Job | None:
+        """Take a job out of flight here (before its phase changes); None if absent."""
+        job = self.inflight.pop(job_id, None)
+        if job is not None:
+            self._count[job.cls] -= 1
+            self._add_phase(job, -1)
+        return job
+
+    def _add_phase(self, job: Job, sign: int) -> None:
+        if job.phase is Phase.PREFILL:
+            self._prefill[job.cls] += sign * job.prompt_tokens
+            if job.cls is TrafficClass.INTERACTIVE:
+                if sign > 0:
+                    self._chats_in_prefill[job.id] = job
+                else:
+                    self._chats_in_prefill.pop(job.id, None)
+        elif job.phase is Phase.DECODE:
+            self._decode[job.cls] += sign
+        self.rank = (self.prefill_tokens(), len(self.inflight), self.name)
+
     def prefill_tokens(self, cls: TrafficClass | None = None) -> int:
-        return sum(
-            j.prompt_tokens
-            for j in self.inflight.values()
-            if j.phase is Phase.PREFILL and (cls is None or j.cls is cls)
-        )
+        p = self._prefill
+        if cls is None:
+            return p[TrafficClass.INTERACTIVE] + p[TrafficClass.BATCH]
+        return p[cls]
 
     def decode_streams(self, cls: TrafficClass | None = None) -> int:
-        return sum(
-            1
-            for j in self.inflight.values()
-            if j.phase is Phase.DECODE and (cls is None or j.cls is cls)
-        )
+        d = self._decode
+        if cls is None:
+            return d[TrafficClass.INTERACTIVE] + d[TrafficClass.BATCH]
+        return d[cls]
 
     def count(self, cls: TrafficClass | None = None) -> int:
-        return sum(1 for j in self.inflight.values() if cls is None or j.cls is cls)
+        return len(self.inflight) if cls is None else self._count[cls]
 
     def interactive_in_prefill(self) -> bool:
-        return any(
-            j.cls is TrafficClass.INTERACTIVE and j.phase is Phase.PREFILL
-            for j in self.inflight.values()
-        )
+        return bool(self._chats_in_prefill)
 
     # -- admission -------------------------------------------------------------
 
@@ -125,12 +192,10 @@ class EngineState:
         """Whether interactive work in prefill here holds batch (its first job
         ``head``): a chat dispatched within the hold timeout is in prefill, and batch
         has not earned ``head`` in credit."""
-        r, now = self.rules, self._accounted_at
+        r, now = self.rules, self._events.now
         holding = any(
-            j.cls is TrafficClass.INTERACTIVE
-            and j.phase is Phase.PREFILL
-            and now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
-            for j in self.inflight.values()
+            now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
+            for j in self._chats_in_prefill.values()
         )
         starved = head is not None and self.batch_starved(head)
         return r.interactive_hold and holding and not starved
@@ -166,12 +231,25 @@ class EngineState:
 
     # -- turn and its accounting ----------------------------------------------
 
+    @property
+    def turn_seconds(self) -> dict[Turn, float]:
+        """The time spent in each turn up to the last event (a copy)."""
+        return self.turn_seconds_at(self._events.now)
+
+    @property
+    def held_seconds(self) -> dict[HeldReason, float]:
+        """The time batch was held for each reason up to the last event (a copy)."""
+        return self.held_seconds_at(self._events.now)
+
     def account(self, now: float) -> None:
         """Charge the time since the last call to the current turn and reason."""
+        self._events.advance(now)
         elapsed = self._unaccounted(now)
-        self.turn_seconds[self.turn] += elapsed
-        if self.held_reason is not None:
-            self.held_seconds[self.held_reason] += elapsed
+        self.turn_history.charge(self._accounted_at, now, self.turn)
+        if elapsed:
+            self._turn_seconds[self.turn] += elapsed
+            if self.held_reason is not None:
+                self._held_seconds[self.held_reason] += elapsed
         self._accounted_at = max(self._accounted_at, now)
 
     def _unaccounted(self, now: float) -> float:
@@ -180,18 +258,26 @@ class EngineState:
     def turn_seconds_at(self, now: float) -> dict[Turn, float]:
         """The time spent in each turn up to ``now``, the current turn running on
         since the last event (a read: nothing is charged)."""
-        out = dict(self.turn_seconds)
+        out = dict(self._turn_seconds)
         out[self.turn] += self._unaccounted(now)
         return out
 
+    def turn_history_at(self, now: float, last: int | None = None) -> list[Second]:
+        """The ``last`` whole seconds of turns up to ``now`` (a read; see
+        :class:`~proxy.scheduler.history.TurnHistory`)."""
+        return self.turn_history.seconds(self._accounted_at, now, self.turn, last)
+
     def held_seconds_at(self, now: float) -> dict[HeldReason, float]:
         """The time batch was held for each reason up to ``now`` (a read)."""
-        out = dict(self.held_seconds)
+        out = dict(self._held_seconds)
         if self.held_reason is not None:
             out[self.held_reason] += self._unaccounted(now)
         return out
 
     def set_turn(self, now: float, turn: Turn, reason: HeldReason | None) -> None:
+        if turn is self.turn and reason is self.held_reason:
+            return
+        self.account(now)
         if turn is not self.turn:
             self.turn_since = now
         self.turn = turn

@@ -8,6 +8,9 @@
   four engines, served through Playwright's request interception: every engine
   gets its card with its turn and held reason, and the page says
   ``reconnecting`` while ``/turn`` is unreachable and recovers after.
+- A page opened after a minute of batch turns draws that minute at once, from the
+  proxy's own history (``/turn/history``), and says the share of the last 10 s; a
+  budget at its floor says which signal cut it.
 - The batch section, from the real :func:`~proxy.batch.view.job_row` of three
   jobs: one on time, one whose window is out of reach, one still validating.
 """
@@ -30,7 +33,7 @@ from playwright.sync_api import Page, Route
 
 from proxy.admission import Admission
 from proxy.api.status import install_status_route
-from proxy.api.turn import log_body, turn_body
+from proxy.api.turn import history_body, log_body, turn_body
 from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
 from proxy.batch.store import BatchRecord, BatchStore
 from proxy.batch.view import job_row
@@ -351,6 +354,8 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
             route.fulfill(json={"enabled": False, "jobs": []})
         elif path.startswith("/turn/log"):
             route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
         elif path.startswith("/turn"):
             route.fulfill(json=turn_body(admission))
         else:
@@ -389,6 +394,134 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     page.wait_for_selector('#connection[data-state="live"]', timeout=5000)
     wait_turn(page, "engine-a", "batch", 3)
     assert not strays, strays
+
+
+def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
+    clock = VirtualClock(1000.0)
+    engine = EngineSettings(name="engine-a", models=frozenset({"a"}))
+    scheduler = Scheduler([engine], clock)
+    scheduler.submit(
+        Job(id="doc", cls=TrafficClass.BATCH, model="a", prompt_tokens=100, arrival=1000.0)
+    )
+    scheduler.dispatch()
+    for _ in range(70):  # seventy seconds of batch's turn, before the page exists
+        clock.advance(1.0)
+        scheduler.tick()
+    admission = Admission(scheduler)
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif path == "/status/batches":
+            route.fulfill(json={"enabled": False, "jobs": []})
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
+        elif path.startswith("/turn/log"):
+            route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn"):
+            route.fulfill(json=turn_body(admission))
+        else:
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    wait_turn(page, "engine-a", "batch", 5)
+    page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .timeline').width > 0"
+    )
+    page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .recent').textContent !== ''"
+    )
+    assert page.inner_text('[data-engine="engine-a"] .recent') == "batch 100% of the last 10 s"
+    # the timeline is batch's colour from its left edge to now, on the first draw
+    colours = page.eval_on_selector(
+        '[data-engine="engine-a"] .timeline',
+        """c => [0.02, 0.5, 0.98].map(f => {
+            const d = c.getContext('2d').getImageData(Math.floor(c.width * f), 5, 1, 1).data;
+            return [d[0], d[1], d[2]];
+        })""",
+    )
+    batch = page.evaluate(
+        "getComputedStyle(document.documentElement).getPropertyValue('--batch').trim()"
+    )
+    expected = [int(batch[i : i + 2], 16) for i in (1, 3, 5)]
+    # within a few levels: seconds meet at fractional pixels, blended at the seams
+    near = all(abs(c - e) <= 8 for colour in colours for c, e in zip(colour, expected, strict=True))
+    assert near, (colours, batch)
+
+
+def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path) -> None:
+    """A minute of chat beside batch, its first tokens slow: the budget is cut to
+    its floor, and the page says which signal cut it and ties the red TTFT to it."""
+    clock = VirtualClock(1000.0)
+    engine = EngineSettings(name="engine-a", models=frozenset({"a"}), batch_max_inflight=8)
+    scheduler = Scheduler([engine], clock)
+    ids = iter(range(10**6))
+
+    def job(cls: TrafficClass, tokens: int) -> str:
+        job_id = f"{cls.value}-{next(ids)}"
+        scheduler.submit(
+            Job(id=job_id, cls=cls, model="a", prompt_tokens=tokens, arrival=clock.now())
+        )
+        scheduler.dispatch()
+        return job_id
+
+    job(TrafficClass.BATCH, 300)
+    for _ in range(20):  # a minute: a second of slow chats beside batch, then two of batch
+        chats = [job(TrafficClass.INTERACTIVE, 400) for _ in range(20)]
+        clock.advance(1.0)
+        for chat in chats:
+            scheduler.on_first_token(chat)
+            scheduler.on_finished(chat)
+        for _ in range(2):
+            clock.advance(1.0)
+            scheduler.tick()
+    job(TrafficClass.BATCH, 300)
+    job(TrafficClass.INTERACTIVE, 400)  # a chat now: interactive's turn
+    clock.advance(0.3)
+    budget = scheduler.engines["engine-a"].budget
+    assert budget.tokens == budget.settings.min_tokens
+    admission = Admission(scheduler)
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif path == "/status/batches":
+            route.fulfill(json={"enabled": False, "jobs": []})
+        elif path.startswith("/turn/history"):
+            route.fulfill(json=history_body(admission, 60))
+        elif path.startswith("/turn/log"):
+            route.fulfill(json=log_body(admission, 14))
+        elif path.startswith("/turn"):
+            route.fulfill(json=turn_body(admission))
+        else:
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    wait_turn(page, "engine-a", "interactive", 5)
+    why = page.locator('[data-engine="engine-a"] .budget-why')
+    why.wait_for()
+    page.wait_for_function(
+        "document.querySelector('[data-engine=\"engine-a\"] .budget-why').textContent !== ''"
+    )
+    assert why.get_attribute("data-state") == "floor"
+    assert why.inner_text().startswith(
+        "Budget 512 tokens, at its floor: cut for the time to first token (p95 1.00 s over"
+        " its aim 240 ms, target 300 ms, 20 samples"
+    )
+    ttft = page.inner_text('[data-engine="engine-a"] .ttft-caption')
+    assert "over target" in ttft and "budget cut to 512 for it" in ttft
+    page.wait_for_timeout(1200)  # the timeline's history poll
+    page.screenshot(path=str(artifacts / "status-budget-floor.png"), full_page=True)
 
 
 # -- the batch section ----------------------------------------------------------------

@@ -37,3 +37,8 @@ def test_short_demo_writes_the_table_and_the_result_directory(tmp_path: Path) ->
     for name in ("ttft.png", "timeline-proxy.png"):
         assert (out / name).read_bytes()[:8] == PNG
     assert "Answer check:" in (out / "report.md").read_text()
+    # the servers were watched: each one's /metrics scraped, its processes' peaks kept
+    peaks = result["machine"]["proxy"]["servers"]
+    assert set(peaks) == {"engine-0", "engine-1", "proxy"}
+    assert all(p["rss_peak_bytes"] > 10 * 2**20 for p in peaks.values())
+    assert "# scraped_at" in (out / "metrics" / "proxy-proxy.prom").read_text()

@@ -59,3 +59,75 @@ def test_loadtest_runs_both_arms_and_writes_the_result(
     assert proxied and all(r["url"].endswith("/batch/v1/completions") for r in proxied)
     assert any(r["proxy_queue_ms"] is not None for r in proxied)
     assert (out / "timeline-proxy.png").exists() and (out / "ttft.png").exists()
+
+
+def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
+    tmp_path: Path,
+) -> None:
+    """A workload with ``engines:`` and ``proxy:``: each arm on fresh engines the
+    harness starts, timed until ready, their startup facts read, /metrics scraped and
+    the OS view sampled during the run; every process stopped after."""
+    import psutil
+
+    workload = {
+        **WORKLOAD,
+        "name": "started",
+        "engines": {
+            "count": 1,
+            "command": "whoseturn sim --profile cpu-tiny --time-scale 20 "
+            "--long-prefill-token-threshold 256 --port {port}",
+        },
+        "proxy": {"settings": {"scrape_interval_s": 0.5}},
+    }
+    workload["classes"] = {
+        **WORKLOAD["classes"],  # type: ignore[dict-item]
+        "question": {
+            "route": "chat",
+            "api": "chat",
+            "arrival": {"process": "poisson", "rate": 3},
+            "prompt": {"source": "questions"},
+            "max_tokens": 4,
+        },
+        "jobs": {
+            "route": "batch-api",
+            "api": "chat",
+            "arrival": {"process": "closed", "concurrency": 1},
+            "prompt": {"source": "extraction", "chars": 1000},
+            "max_tokens": 4,
+            "job_lines": 5,
+            "poll_s": 0.2,
+        },
+    }
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    assert cli.main("loadtest", [str(path), "--out", str(tmp_path / "out")]) == 0
+    (out,) = (tmp_path / "out").iterdir()
+    result = json.loads((out / "result.json").read_text())
+    started = result["setup"]["started"]
+    assert [s["name"] for s in started["direct"]] == ["engine-0"]
+    assert [s["name"] for s in started["proxy"]] == ["engine-0", "proxy"]
+    engine = started["proxy"][0]
+    assert engine["ready_s"] > 0
+    assert engine["startup_facts"]["long_prefill_token_threshold"] == {
+        "value": 256,
+        "from": "flag",
+    }
+    assert engine["startup_facts"]["prefix_caching"]["from"] == "metrics"
+    assert result["summaries"]["proxy"]["question"]["valid"] > 0
+    jobs = result["summaries"]["proxy"]["jobs"]
+    assert jobs["valid"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"] > 0
+    assert result["summaries"]["direct"]["jobs"]["valid_per_hour"] is None  # no Batch API
+    rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert rows and all(r["arm"] == "proxy" and r["batch_id"] for r in rows)
+    for arm, names in (("direct", ["engine-0"]), ("proxy", ["engine-0", "proxy"])):
+        for name in names:
+            scrapes = (out / "metrics" / f"{arm}-{name}.prom").read_text()
+            assert scrapes.count("# scraped_at") >= 2
+        peaks = result["machine"][arm]["servers"]
+        assert all(peaks[name]["rss_peak_bytes"] > 10 * 2**20 for name in names)
+    assert "## Servers started by the harness" in (out / "report.md").read_text()
+    ports = {int(s["url"].rsplit(":", 1)[1]) for arm in started.values() for s in arm}
+    listening = {
+        c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    }
+    assert not ports & listening  # every server stopped

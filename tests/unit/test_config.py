@@ -277,3 +277,26 @@ def test_drain_timeout_from_the_env_and_never_negative(tmp_path: Path) -> None:
     assert load(tmp_path, env).drain_timeout_s == 7.0
     with pytest.raises(ConfigError, match=r"^drain_timeout_s:"):
         settings_from_dict({"engines": [URL], "drain_timeout_s": -1})
+
+
+def test_hold_rules_from_the_file_and_the_env(tmp_path: Path) -> None:
+    s = settings_from_dict({"engines": [URL]})
+    assert (s.batch_min_share, s.hold_timeout_s) == (0.05, 10.0)
+    s = settings_from_dict({"engines": [URL], "batch_min_share": 0.2, "hold_timeout_s": 3})
+    assert (s.batch_min_share, s.hold_timeout_s) == (0.2, 3.0)
+    env = {
+        "WHOSETURN_ENGINES": URL,
+        "WHOSETURN_BATCH_MIN_SHARE": "0.1",
+        "WHOSETURN_HOLD_TIMEOUT_S": "2.5",
+    }
+    s = load(tmp_path, env)
+    assert (s.batch_min_share, s.hold_timeout_s) == (0.1, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("batch_min_share", 1.0), ("batch_min_share", -0.1), ("hold_timeout_s", 0)],
+)
+def test_hold_rules_refuse_nonsense(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}:"):
+        settings_from_dict({"engines": [URL], key: value})

@@ -79,6 +79,14 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
         ("plan", {"cold": "yes"}, "plan.cold: wrong type"),
         ("classes", {}, "classes: at least one"),
         ("extra", 1, "extra: unknown key"),
+        ("engines", {"command": "whoseturn sim"}, "engines.command: must contain {port}"),
+        ("engines", {"comand": "x {port}"}, "engines.comand: unknown key"),
+        ("engines", {"command": "x {port}", "count": 0}, "engines.count: must be at least 1"),
+        ("proxy", {"settings": {}}, "proxy: only with engines"),
+        ("arms", ["direct", "both"], "1].via: one of direct, proxy, not 'both'"),
+        ("classes.chat.prompt", {"source": "rfcs"}, "classes.chat.prompt.source: one of"),
+        ("classes.chat.job_lines", 5, "classes.chat.job_lines: only for route batch-api"),
+        ("classes.batch.route", "batch-api", "classes.batch.job_lines: missing"),
     ],
 )
 def test_a_bad_file_names_the_key(dotted: str, value: Any, named: str) -> None:
@@ -139,5 +147,71 @@ def test_loadtest_refuses_a_bad_file_naming_the_key(
     out = tmp_path / "out"
     argv = [str(path), "--target", "http://127.0.0.1:9", "--out", str(out)]
     assert cli.main("loadtest", argv) == 2
-    assert "classes.batch.route: one of chat, batch, not 'bulk'" in capsys.readouterr().err
+    message = "classes.batch.route: one of chat, batch, batch-api, not 'bulk'"
+    assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_engines_proxy_and_arms() -> None:
+    data = _good()
+    data["engines"] = {"command": "whoseturn sim --port {port}", "count": 2}
+    w = parse_workload(data, base=Path())
+    assert w.engines is not None and w.engines.count == 2 and w.engines.health == "/health"
+    assert [a.name for a in w.arms] == [
+        "direct"
+    ]  # no proxy key: nothing to put in front of the engines
+    data["proxy"] = {"settings": {"scrape_interval_s": 0.5}}
+    w = parse_workload(data, base=Path())
+    assert [a.via for a in w.arms] == ["direct", "proxy"] and w.proxy_settings == {
+        "scrape_interval_s": 0.5
+    }
+    del data["proxy"]
+    data["arms"] = ["proxy"]
+    with pytest.raises(WorkloadError, match=r"arms\[0\]\.via: the proxy arm needs a proxy key"):
+        parse_workload(data, base=Path())
+    data["arms"] = [
+        "direct",
+        {
+            "name": "prio",
+            "via": "direct",
+            "engine_args": "--scheduling-policy priority",
+            "priority": {"chat": -10, "batch": 0},
+        },
+    ]
+    w = parse_workload(data, base=Path())
+    assert w.arms[1].engine_args == "--scheduling-policy priority"
+    assert w.arms[1].priority == {"chat": -10, "batch": 0}
+
+
+@pytest.mark.parametrize(
+    ("arm", "named"),
+    [
+        ({"name": "a", "via": "sideways"}, r"arms\[0\]\.via: one of direct, proxy"),
+        (
+            {"name": "a", "via": "direct", "priority": {"bulk": 1}},
+            r"arms\[0\]\.priority\.bulk: no such",
+        ),
+        (
+            {"name": "a", "via": "direct", "priority": {"chat": "hi"}},
+            r"arms\[0\]\.priority\.chat: wrong",
+        ),
+        ({"via": "direct"}, r"arms\[0\]\.name: missing"),
+        ({"name": "a", "via": "direct", "flags": "x"}, r"arms\[0\]\.flags: unknown key"),
+    ],
+)
+def test_a_bad_arm_names_the_key(arm: dict[str, Any], named: str) -> None:
+    data = _good()
+    data["engines"] = {"command": "whoseturn sim --port {port}"}
+    data["arms"] = [arm]
+    with pytest.raises(WorkloadError, match=named):
+        parse_workload(data, base=Path())
+
+
+def test_sources_without_chars_give_whole_items() -> None:
+    data = _good()
+    data["classes"]["chat"]["prompt"] = {"source": "conversations"}
+    w = parse_workload(data, base=Path())
+    chat = w.classes[0]
+    assert chat.prompt_chars is None and chat.prompt_source == "conversations"
+    messages = body(w, chat, 0)["messages"]
+    assert len(messages) > 1 and messages[0]["content"].startswith("chat 0.")

@@ -251,6 +251,41 @@ async def test_connect_failure_with_no_other_engine_is_503() -> None:
     assert_openai_error(response, 503)
 
 
+def connect_timeout(call: Call) -> httpx.Response:
+    raise httpx.ConnectTimeout("timed out")
+
+
+async def test_a_connect_timeout_on_an_engine_that_answered_lately_connects_again() -> None:
+    """Under a burst of new streams the proxy's own loop can miss a connect timeout
+    on a healthy engine: the request (never sent) is connected again on the same
+    engine, and the engine stays in rotation."""
+    engines = FakeEngines()
+
+    def generate(call: Call) -> httpx.Response:
+        if len(engines.seen(CHAT)) == 1:
+            return connect_timeout(call)
+        return FakeEngines.default_generate(call)
+
+    engines.generate = generate
+    async with running(engines.settings(), engines) as (client, state):
+        state.monitor.answered("a")  # as its passing health check records
+        response = await client.post(CHAT, json=chat_body())
+        assert state.monitor.up["a"]
+    assert response.status_code == 200
+    assert len(engines.seen(CHAT)) == 2
+
+
+async def test_a_connect_timeout_on_an_engine_not_heard_from_ejects_it() -> None:
+    engines = FakeEngines()
+    engines.generate = connect_timeout
+    async with running(engines.settings(), engines) as (client, state):
+        state.monitor.answered_at.clear()
+        response = await client.post(CHAT, json=chat_body())
+        assert not state.monitor.up["a"]
+    assert_openai_error(response, 503)
+    assert len(engines.seen(CHAT)) == 1
+
+
 ENGINE_ERROR = {"message": "out of memory", "type": "InternalServerError", "param": None}
 
 

@@ -23,6 +23,7 @@ READS = [
     "/metrics",
     "/turn",
     "/turn/log",
+    "/turn/history",
     "/status",
     "/v1/models",
     "/batch/v1/models",

@@ -1,6 +1,6 @@
-"""Reads are reads: ``GET /metrics``, ``/turn``, ``/turn/log`` and ``/status`` never
-run the scheduler, so a GET can neither dispatch a queued job nor change what the
-scheduler holds."""
+"""Reads are reads: ``GET /metrics``, ``/turn``, ``/turn/log``, ``/turn/history``
+and ``/status`` never run the scheduler, so a GET can neither dispatch a queued job
+nor change what the scheduler holds (its turn history included)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ from .helpers import FakeEngines
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
-READS = ("/metrics", "/turn", "/turn?format=text", "/turn/log", "/status")
+READS = ("/metrics", "/turn", "/turn?format=text", "/turn/log", "/turn/history", "/status")
 
 
 def snapshot(state: ProxyState) -> Any:
     s = state.scheduler
     engines = {
-        n: (e.turn, e.held_reason, dict(e.turn_seconds), e.budget.tokens)
+        n: (
+            e.turn,
+            e.held_reason,
+            dict(e.turn_seconds),
+            e.budget.tokens,
+            e.turn_history.seconds(0.0, 0.0, e.turn),
+        )
         for n, e in s.engines.items()
     }
     return (

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from proxy.engines import EnginePool, make_http_client
+from proxy.engines._pool import ShardedTransport
 
 from .helpers import FakeEngines, answer, engine_config, make_settings, refuse
 
@@ -82,3 +83,25 @@ async def test_make_http_client_settings() -> None:
         assert http.timeout.pool is None
         assert http.headers["accept-encoding"] == "identity"
         assert http.trust_env is False
+
+
+@pytest.mark.anyio
+async def test_the_sharded_transport_spreads_requests_over_its_pools_in_turn() -> None:
+    """Each pool takes every n-th request (so each holds a share of the connections),
+    and closing the client closes every pool."""
+    seen: list[int] = []
+    closed: list[int] = []
+
+    class Shard(httpx.MockTransport):
+        def __init__(self, n: int) -> None:
+            super().__init__(lambda request: (seen.append(n), httpx.Response(200))[1])
+            self.n = n
+
+        async def aclose(self) -> None:
+            closed.append(self.n)
+
+    async with httpx.AsyncClient(transport=ShardedTransport([Shard(i) for i in range(3)])) as c:
+        for _ in range(7):
+            assert (await c.get("http://e:1/health")).status_code == 200
+    assert sorted(seen[:3]) == [0, 1, 2] and seen[3:6] == seen[:3] and len(seen) == 7
+    assert sorted(closed) == [0, 1, 2]

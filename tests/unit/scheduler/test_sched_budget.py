@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import BudgetConfig
-from proxy.scheduler import BudgetController, EngineLoad, Job, Scheduler
+from proxy.scheduler import BudgetController, EngineLoad, HeldReason, Job, Scheduler
 from proxy.scheduler.budget import percentile, time_weighted_percentile
 
 from .helpers import B, I, engine, make, submit
@@ -383,3 +383,24 @@ def test_the_budget_grows_while_batch_waits_on_it() -> None:
     s.tick()
     assert s.engines["e"].held_reason == "kv_headroom"
     assert s.engines["e"].budget.tokens == 1500  # not waiting on the budget: no growth
+
+
+def test_a_budget_that_grows_after_a_hold_frees_the_job_it_held() -> None:
+    """The budget loop runs at the end of the dispatch that held a job for the budget;
+    when it grows the budget there, the job no longer says it is held for it (the
+    turn says it may go), and taking it next is not logged as a second hold."""
+    grows = {**SETTINGS.__dict__, "initial_tokens": 1, "min_tokens": 1, "max_tokens": 2}
+    grows |= {"interval_s": 0.5, "min_samples": 1, "increase_tokens": 1}
+    s, clock = make(engine("e", max_inflight=3, batch_max_inflight=2, budget=grows))
+    for _ in range(8):
+        clock.advance(0.5)
+        s.tick()
+    first, second = submit(s, B, 1), submit(s, B, 1)
+    clock.advance(0.5)  # the budget loop is due at the dispatch
+    assert [d.job for d in s.dispatch()] == [first]
+    e = s.engines["e"]
+    assert e.budget.tokens == 2 and e.held_reason is None
+    assert second.held is None
+    holds = [d for d in s.log if d.job_id == second.id and not d.admitted]
+    assert [d.reason for d in holds] == [HeldReason.PREFILL_BUDGET]
+    assert [d.job for d in s.dispatch()] == [second]

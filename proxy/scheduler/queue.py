@@ -1,0 +1,159 @@
+"""The scheduler's queues: jobs in arrival order, indexed by model.
+
+A :class:`JobQueue` reads like the deque it replaces (iteration in order, ``len``,
+``[0]``, ``append``, ``appendleft``, ``remove``), but every change is O(1) and it
+keeps one line per model, so a dispatch decision reads only the heads of the
+models an engine serves instead of scanning the whole queue.
+
+Order is a sequence number per job: ``append`` gives the next one up, ``appendleft``
+(a job requeued after a failure) the next one down. Each line keeps the jobs pushed
+to its back and those pushed to its front in two insertion-ordered dicts, so both
+ends and removal by id are O(1) and iteration needs no sorting.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+
+from proxy.scheduler.types import Job
+
+
+class _Line:
+    """Jobs in order: ``front`` (pushed left, newest first) then ``back``."""
+
+    __slots__ = ("back", "excluding", "front")
+
+    def __init__(self) -> None:
+        self.front: dict[str, Job] = {}
+        self.back: dict[str, Job] = {}
+        self.excluding = 0  # jobs here that some engine may not take (job.excluded)
+
+    def push(self, job: Job, left: bool) -> None:
+        (self.front if left else self.back)[job.id] = job
+        if job.excluded:
+            self.excluding += 1
+
+    def pop(self, job: Job) -> None:
+        if self.back.pop(job.id, None) is None:
+            del self.front[job.id]
+        if job.excluded:
+            self.excluding -= 1
+
+    def first(self) -> Job | None:
+        if self.front:
+            return next(reversed(self.front.values()))
+        return next(iter(self.back.values()), None)
+
+    def __iter__(self) -> Iterator[Job]:
+        yield from reversed(self.front.values())
+        yield from self.back.values()
+
+    def __len__(self) -> int:
+        return len(self.front) + len(self.back)
+
+
+class JobQueue:
+    """One class's queued jobs, in order overall and per model."""
+
+    def __init__(self) -> None:
+        self._all = _Line()
+        self._models: dict[str, _Line] = {}
+        self._seq: dict[str, int] = {}
+        self._next = 0
+        self._prev = -1
+
+    def append(self, job: Job) -> None:
+        self._push(job, self._next, left=False)
+        self._next += 1
+
+    def appendleft(self, job: Job) -> None:
+        self._push(job, self._prev, left=True)
+        self._prev -= 1
+
+    def _push(self, job: Job, seq: int, left: bool) -> None:
+        if job.id in self._seq:
+            raise ValueError(f"job {job.id!r} is queued already")
+        self._seq[job.id] = seq
+        self._all.push(job, left)
+        line = self._models.get(job.model)
+        if line is None:
+            line = self._models[job.model] = _Line()
+        line.push(job, left)
+
+    def remove(self, job: Job) -> None:
+        """Take ``job`` out (ValueError if it is not queued here)."""
+        if self._seq.pop(job.id, None) is None:
+            raise ValueError(f"job {job.id!r} is not queued")
+        self._all.pop(job)
+        line = self._models[job.model]
+        line.pop(job)
+        if not line:
+            del self._models[job.model]
+
+    def seq(self, job: Job) -> int:
+        """The job's place in the order (smaller is earlier)."""
+        return self._seq[job.id]
+
+    def models(self) -> list[str]:
+        """The models with queued jobs."""
+        return list(self._models)
+
+    def of_model(self, model: str) -> Iterator[Job]:
+        """The model's queued jobs, in order."""
+        line = self._models.get(model)
+        return iter(line) if line is not None else iter(())
+
+    def first_of_model(self, model: str) -> Job | None:
+        line = self._models.get(model)
+        return line.first() if line is not None else None
+
+    def all_eligible(self, model: str) -> bool:
+        """Whether every queued job of ``model`` may go to any engine serving it (none
+        has failed somewhere), so the line's first job is every such engine's first."""
+        line = self._models.get(model)
+        return line is None or line.excluding == 0
+
+    def nth_of_model(self, model: str, n: int) -> Job | None:
+        """The model's ``n``-th queued job (0 first), None past the end; O(n)."""
+        line = self._models.get(model)
+        if line is None:
+            return None
+        return next(itertools.islice(line, n, None), None)
+
+    def first_for(self, name: str, models: Iterable[str]) -> Job | None:
+        """The first queued job of any of ``models`` that engine ``name`` may take:
+        per model the first job not excluding it, the earliest of those."""
+        best: Job | None = None
+        best_seq = 0
+        for model in models:
+            line = self._models.get(model)
+            if line is None:
+                continue
+            if line.excluding == 0:
+                job = line.first()
+            else:
+                job = next((j for j in line if name not in j.excluded), None)
+            if job is not None and (best is None or self._seq[job.id] < best_seq):
+                best, best_seq = job, self._seq[job.id]
+        return best
+
+    def __contains__(self, job: object) -> bool:
+        return isinstance(job, Job) and self._seq.get(job.id) is not None
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def __bool__(self) -> bool:
+        return bool(self._seq)
+
+    def __getitem__(self, index: int) -> Job:
+        if index == 0 and self._seq:
+            first = self._all.first()
+            assert first is not None
+            return first
+        jobs = list(self._all)
+        return jobs[index]
