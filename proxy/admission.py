@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler
+from proxy.config import EngineConfig
+from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, OthersLoad, Scheduler
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import turn_report
 
@@ -156,6 +157,22 @@ class Admission:
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
         self._scheduler.set_engine_models(name, models)
         self.pump()
+
+    def observe_others(self, name: str, others: OthersLoad) -> None:
+        self._scheduler.observe_others(name, others)
+        self.pump()
+
+    def add_engine(self, config: EngineConfig) -> None:
+        self._scheduler.add_engine(config)
+        self.pump()
+
+    def drain_engine(self, name: str) -> None:
+        self._scheduler.drain_engine(name)
+        self.pump()
+
+    def remove_engine(self, name: str) -> bool:
+        """Forget a drained engine once nothing runs on it; whether it is gone."""
+        return self._scheduler.remove_engine(name)
 
     def tick(self) -> None:
         """Advance turn accounting and the budget loops, then dispatch what may go."""

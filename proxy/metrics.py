@@ -172,7 +172,9 @@ class ProxyMetrics:
         )
         ttft = {TrafficClass.INTERACTIVE: ttft_target_s}
         gap = {TrafficClass.INTERACTIVE: gap_target_s}
-        self.registry.register(SchedulerCollector(scheduler, ttft, gap, engine_urls or {}))
+        self.registry.register(
+            SchedulerCollector(scheduler, ttft, gap, engine_urls if engine_urls is not None else {})
+        )
         self._create_children(scheduler)
 
     def _histogram(

@@ -24,6 +24,7 @@ from proxy.api.turn import install_turn_routes
 from proxy.batch import install_batch_routes
 from proxy.clock import Clock
 from proxy.config import Settings
+from proxy.engines import Resolver, resolve_addresses
 from proxy.scheduler import TrafficClass
 from proxy.server import ProxyState, running
 
@@ -33,13 +34,15 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Clock | None = None,
+    resolver: Resolver = resolve_addresses,
 ) -> FastAPI:
     """The proxy. ``transport`` replaces the upstream network (tests); ``clock`` the
-    wall clock. Its lifespan runs :func:`proxy.server.running`."""
+    wall clock; ``resolver`` the DNS look-ups of engine groups. Its lifespan runs
+    :func:`proxy.server.running`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running(settings, transport=transport, clock=clock) as state:
+        async with running(settings, transport=transport, clock=clock, resolver=resolver) as state:
             app.state.proxy = state
             yield
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, OthersLoad
 from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -61,8 +61,6 @@ class Scheduler:
         clock: Clock,
         settings: SchedulerSettings | None = None,
     ) -> None:
-        if not engines:
-            raise ValueError("the scheduler needs at least one engine")
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
@@ -80,8 +78,11 @@ class Scheduler:
         return sorted({m for e in self.engines.values() for m in e.settings.models})
 
     def engines_up_for(self, model: str) -> list[str]:
-        """The names of the up engines serving ``model``, in configuration order."""
-        return [e.name for e in self.engines.values() if e.up and e.serves(model)]
+        """The names of the up engines serving ``model`` (not draining), in
+        configuration order."""
+        return [
+            e.name for e in self.engines.values() if e.up and not e.draining and e.serves(model)
+        ]
 
     def engines_for(self, model: str) -> list[str]:
         """The names of every engine serving ``model``, up or not, in configuration order."""
@@ -256,6 +257,43 @@ class Scheduler:
         now = self._begin()
         self.engines[name].load = load
         self._end(now)
+
+    def observe_others(self, name: str, others: OthersLoad) -> None:
+        """What the other proxy replicas do on engine ``name`` (docs/replicas.md)."""
+        now = self._begin()
+        self.engines[name].others = others
+        self._end(now)
+
+    # -- engines that join and leave (DNS discovery) ---------------------------
+
+    def add_engine(self, config: EngineConfig) -> None:
+        """An engine joins; one that was draining takes new work again."""
+        now = self._begin()
+        engine = self.engines.get(config.name)
+        if engine is None:
+            self.engines[config.name] = EngineState(config, now, self.settings.hold)
+        else:
+            engine.draining = False
+        self._end(now)
+
+    def drain_engine(self, name: str) -> None:
+        """An engine leaves: it gets no new work; work in flight there finishes, and
+        queued work goes to the other engines of its model."""
+        now = self._begin()
+        self.engines[name].draining = True
+        self._end(now)
+
+    def remove_engine(self, name: str) -> bool:
+        """Forget a draining engine once nothing runs on it; whether it is gone."""
+        engine = self.engines.get(name)
+        if engine is None:
+            return True
+        if not engine.draining or engine.inflight:
+            return False
+        now = self._begin()
+        del self.engines[name]
+        self._end(now)
+        return True
 
     def tick(self) -> None:
         """Advance accounting and the budget loops to now (call it periodically)."""

@@ -267,3 +267,15 @@ def test_drain_timeout_from_the_env_and_never_negative(tmp_path: Path) -> None:
     assert load(tmp_path, env).drain_timeout_s == 7.0
     with pytest.raises(ConfigError, match=r"^drain_timeout_s:"):
         settings_from_dict({"engines": [URL], "drain_timeout_s": -1})
+
+
+def test_dns_engine_groups_and_their_interval() -> None:
+    settings = settings_from_dict(
+        {"dns_interval_s": 2, "engines": ["dns+http://vllm-headless.ns.svc:8000", "http://b:1"]}
+    )
+    assert settings.dns_interval_s == 2.0
+    assert [e.by_dns for e in settings.engines] == [True, False]
+    with pytest.raises(ConfigError, match=r"engines\[0\].url: expected http\(s\)://host:port or"):
+        settings_from_dict({"engines": ["dns+ftp://x:1"]})
+    with pytest.raises(ConfigError, match="dns_interval_s: must be positive"):
+        settings_from_dict({"engines": ["http://b:1"], "dns_interval_s": 0})

@@ -192,7 +192,7 @@ def test_the_proxy_reads_its_configmap_and_dials_the_engine_service(
     engine_service = one(objects, "Service", "vllm")
     assert engine_service["spec"]["clusterIP"] == "None"
     port = engine_service["spec"]["ports"][0]["port"]
-    assert [e.url for e in settings.engines] == [f"http://vllm:{port}"]
+    assert [e.url for e in settings.engines] == [f"dns+http://vllm:{port}"]
     engine = one(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
     assert f"--port={port}" in engine["args"] or engine["args"][
         engine["args"].index("--port") + 1
