@@ -6,9 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: help demo test lint check interference evaluate sim system-deps clean bench test-e2e vllm-venv tiny-model compare test-docker
 
-# Debian packages the tests use: a real Prometheus (dashboard and rules) and a real
-# headless Chromium (status page).
-SYSTEM_DEPS := prometheus chromium
+# Debian packages the tests use: a real Prometheus (dashboard and rules), a real
+# headless Chromium (status page) and a real PostgreSQL (the batch store; its
+# binaries live under /usr/lib/postgresql/*/bin, off PATH).
+SYSTEM_DEPS := prometheus chromium postgresql
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 help:
@@ -16,7 +17,7 @@ help:
 	@echo "make interference  print the chat-behind-batch table from the simulated engine"
 	@echo "make evaluate      chat beside a batch job, direct vs through the proxy (virtual time)"
 	@echo "make sim           run the simulated vLLM engine on :8000, model tiny (whoseturn sim)"
-	@echo "make test          bootstrap .venv (and Debian's prometheus, chromium) and run the tests"
+	@echo "make test          bootstrap .venv (and Debian's prometheus, chromium, postgresql) and run the tests"
 	@echo "make lint          ruff (lint + format check) and mypy --strict"
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
@@ -32,6 +33,7 @@ $(STAMP): pyproject.toml
 
 system-deps:
 	@missing=""; for b in prometheus promtool chromium; do command -v $$b >/dev/null || missing=1; done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing=1; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $(SYSTEM_DEPS)"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(SYSTEM_DEPS); \

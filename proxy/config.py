@@ -181,6 +181,7 @@ DNS_SCHEME_PREFIX = "dns+"
 
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
+BATCH_STORES = ("sqlite", "postgres")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,8 +221,13 @@ class Settings:
     drain_timeout_s: float = 30.0
     dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
 
-    # The Batch API (docs/batch.md): off while no store path is set.
+    # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
+    # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
+    batch_store: str = "sqlite"
     batch_store_path: str = ""
+    batch_dsn: str = field(default="", repr=False)
+    batch_pool_size: int = 10
+    batch_lease_s: float = 30.0
     batch_max_file_bytes: int = 200_000_000
     batch_max_lines: int = 50_000
     batch_window: int = 64
@@ -391,8 +397,18 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
 
 
 def _check_batch(settings: Settings) -> None:
-    for key in ("batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts"):
+    _check(settings.batch_store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
+    for key in (
+        "batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts",
+        "batch_pool_size",
+    ):  # fmt: skip
         _check(getattr(settings, key) >= 1, key, "must be at least 1")
+    _check(settings.batch_lease_s > 0, "batch_lease_s", "must be positive")
+    _check(
+        settings.batch_store != "postgres" or bool(settings.batch_dsn),
+        "batch_dsn",
+        "is required when batch_store is postgres (or set WHOSETURN_BATCH_DSN)",
+    )
     _check(settings.batch_retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
@@ -407,6 +423,8 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
     "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
+    "WHOSETURN_BATCH_STORE": ("batch_store", str),
+    "WHOSETURN_BATCH_DSN": ("batch_dsn", str),
 }
 
 

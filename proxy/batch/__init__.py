@@ -2,7 +2,8 @@
 line through the scheduler as batch-class work.
 
 - :mod:`proxy.batch.store`: the store's contract; :mod:`proxy.batch.sqlite` its
-  SQLite backend.
+  SQLite backend (one replica), :mod:`proxy.batch.postgres` its PostgreSQL backend
+  (several replicas share the jobs).
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
 - :mod:`proxy.batch.runner`: drives every active job; its metrics.
 - :mod:`proxy.batch.routes`: the HTTP routes.
@@ -10,6 +11,8 @@ line through the scheduler as batch-class work.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 from proxy.batch.routes import BatchAPI, install_batch_routes
 from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
+from proxy.batch.store import BatchStore
 from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
 
@@ -29,19 +33,32 @@ async def build_batch(
     metrics: ProxyMetrics,
     models_known: Callable[[], bool],
 ) -> BatchAPI | None:
-    """The store (opened: schema created or checked) and the runner, or None when
-    ``batch_store_path`` is not set. ``models_known``: whether every engine's models
-    are known (the runner feeds no line before)."""
-    if not settings.batch_store_path:
+    """The store (opened: schema created or migrated) and the runner, or None when
+    the store is not set (``batch_store_path`` for SQLite, ``batch_dsn`` for
+    PostgreSQL). ``models_known``: whether every engine's models are known (the
+    runner feeds no line before)."""
+    store: BatchStore
+    if settings.batch_store == "postgres" and settings.batch_dsn:
+        from proxy.batch.postgres import PostgresStore  # psycopg loads only when used
+
+        store = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
+    elif settings.batch_store == "sqlite" and settings.batch_store_path:
+        store = SQLiteStore(Path(settings.batch_store_path), time.time)
+    else:
         return None
-    store = SQLiteStore(Path(settings.batch_store_path), time.time)
     await store.open()
     limits = RunnerLimits(
         window=settings.batch_window,
         max_attempts=settings.batch_max_attempts,
         backoff_s=settings.batch_retry_backoff_s,
+        lease_s=settings.batch_lease_s,
     )
     runner = BatchRunner(
-        store, complete, BatchMetrics(metrics.registry, metrics.batch_records), limits, time.time
+        store,
+        complete,
+        BatchMetrics(metrics.registry, metrics.batch_records),
+        limits,
+        time.time,
+        owner=f"{socket.gethostname()}-{os.getpid()}",
     )
     return BatchAPI(settings, store, runner)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from proxy.api.errors import APIError, bad_request
@@ -56,7 +56,9 @@ def _api(request: Request, get: Getter) -> BatchAPI:
     api = get(request)
     if api is None:
         raise APIError(
-            503, "The Batch API is off: set batch_store_path.", err_type="service_unavailable"
+            503,
+            "The Batch API is off: set batch_store_path (or batch_dsn).",
+            err_type="service_unavailable",
         )
     check_api_key(request, api.settings)
     return api
@@ -119,11 +121,15 @@ def _file_routes(app: FastAPI, get: Getter) -> None:
         return JSONResponse(file_object(await _store_upload(request, api)))
 
     @app.get("/v1/files/{file_id}/content")
-    async def content(request: Request, file_id: str) -> FileResponse:
+    async def content(request: Request, file_id: str) -> StreamingResponse:
         store = _api(request, get).store
-        if await store.get_file(file_id) is None:
+        found = await store.get_file(file_id)
+        if found is None:
             raise not_found("file", file_id)
-        return FileResponse(store.file_path(file_id), media_type="application/jsonl")
+        headers = {"content-length": str(found.bytes)}
+        return StreamingResponse(
+            store.read_file(file_id), media_type="application/jsonl", headers=headers
+        )
 
     @app.delete("/v1/files/{file_id}")
     async def delete(request: Request, file_id: str) -> JSONResponse:
@@ -150,7 +156,7 @@ async def _store_upload(request: Request, api: BatchAPI) -> FileRecord:
             raise bad_request("`purpose` must be `batch`.", param="purpose")
         if upload.size is not None and upload.size > limit:
             raise _too_large(limit)
-        spool = api.store.file_path(f"upload-{uuid.uuid4().hex}")
+        spool = api.store.spool_path()
         await anyio.to_thread.run_sync(_copy, upload, spool)
         return await api.store.add_file("batch", upload.filename or "upload.jsonl", spool)
 
@@ -192,20 +198,21 @@ async def _create(api: BatchAPI, body: Json) -> BatchRecord:
     ):
         raise bad_request("`metadata` must map strings to strings.", param="metadata")
     file_id = body.get("input_file_id")
-    path = await _input_file(api, file_id)
+    found = await _input_file(api, file_id)
     meta: Mapping[str, str] | None = metadata
     new = NewBatch(
         f"batch_{uuid.uuid4().hex}", str(endpoint), str(file_id), str(window), window_s, meta
     )
     try:
-        return await api.store.create_batch(
-            new, _lines(path, str(endpoint), api.settings.batch_max_lines)
-        )
+        async with api.store.local_file(found.id) as path:
+            return await api.store.create_batch(
+                new, _lines(path, str(endpoint), api.settings.batch_max_lines)
+            )
     except LineError as exc:
         raise bad_request(f"Input file `{file_id}`: {exc}", param="input_file_id") from exc
 
 
-async def _input_file(api: BatchAPI, file_id: object) -> Path:
+async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:
     found = await api.store.get_file(file_id) if isinstance(file_id, str) else None
     if found is None:
         raise bad_request(f"No input file with id `{file_id}`.", param="input_file_id")
@@ -219,7 +226,7 @@ async def _input_file(api: BatchAPI, file_id: object) -> Path:
             f"{api.settings.batch_max_file_bytes} bytes.",
             param="input_file_id",
         )
-    return api.store.file_path(found.id)
+    return found
 
 
 async def _read_body(request: Request) -> Json:

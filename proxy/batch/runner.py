@@ -1,23 +1,28 @@
 """The runner: every active batch job, driven to its end through the scheduler.
 
-For each job it pages through the lines that have no result yet, in order, and
-keeps at most ``window`` of them in the scheduler at once (memory and the
-scheduler's cost per decision do not grow with the job); which of those run now
-is the scheduler's decision. Each line goes through the same door as a
-``/batch/v1/...`` request (admission → engine → relay, via
+For each job it claims the lines that have no result yet, a page at a time, in
+order, under a lease it renews while it runs them (:meth:`BatchStore.claim`:
+several replicas on one PostgreSQL store share a job so), and keeps at most
+``window`` of them in the scheduler at once (memory and the scheduler's cost per
+decision do not grow with the job); which of those run now is the scheduler's
+decision. When no line is left to claim it waits for the lines others hold until
+every line has a result; then one runner finalizes the job. Each line goes
+through the same door as a ``/batch/v1/...`` request (admission → engine → relay, via
 :meth:`proxy.api.forward.Forwarder.complete`); an engine error (5xx, 429) is
 retried with backoff up to ``max_attempts``, then recorded in the error file.
 
 A line's result is recorded once (see :mod:`proxy.batch.store`); a line whose
 answer came but was not recorded before a crash runs again after the restart:
-that is the one place an engine call may repeat. Cancel and expiry stop the
-feeding, cancel the lines in flight (the scheduler forgets them, upstream
+that is the one place an engine call may repeat, and so is a line whose lease ran
+out while it ran (its runner stalled past ``lease_s``): another runner claims it.
+Cancel and expiry stop the feeding, cancel the lines in flight (the scheduler forgets them, upstream
 streams are closed) and finalize with what was recorded.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -45,6 +50,7 @@ class RunnerLimits:
     max_attempts: int = 3
     backoff_s: float = 0.5
     poll_s: float = 0.2
+    lease_s: float = 30.0
 
 
 class BatchMetrics:
@@ -90,8 +96,10 @@ class BatchRunner:
         limits: RunnerLimits,
         now: Callable[[], float],
         models_known: Callable[[], bool] = lambda: True,
+        owner: str = "",
     ) -> None:
         self.store = store
+        self.owner = owner or f"runner-{uuid.uuid4().hex[:12]}"
         self.models_known = models_known
         self.complete = complete
         self.metrics = metrics
@@ -136,12 +144,17 @@ class BatchRunner:
         assert batch is not None
         if batch.status != "in_progress":
             return {"finalizing": "completed", "cancelling": "cancelled"}[batch.status]
-        with anyio.CancelScope() as scope:
-            run = self._runs[batch_id] = _Run(scope)
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._watch, batch, run)
-                await self._feed(batch)
-                group.cancel_scope.cancel()
+        try:
+            with anyio.CancelScope() as scope:
+                run = self._runs[batch_id] = _Run(scope)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._watch, batch, run)
+                    group.start_soon(self._renew, batch_id)
+                    await self._feed(batch)
+                    group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.store.release(batch_id, self.owner)
         if run.outcome != "completed":
             return run.outcome
         if await self.store.set_status(batch_id, "finalizing", ("in_progress",)):
@@ -160,24 +173,37 @@ class BatchRunner:
                 run.stop("cancelled")
                 return
 
+    async def _renew(self, batch_id: str) -> None:
+        """Keep this runner's leases on the job's lines live."""
+        while True:
+            await anyio.sleep(self.limits.lease_s / 3)
+            await self.store.renew(batch_id, self.owner, self.limits.lease_s)
+
     async def _feed(self, batch: BatchRecord) -> None:
         room = anyio.Semaphore(self.limits.window)
-        after = 0
         async with anyio.create_task_group() as group:
-            while page := await self._next_page(batch.id, after):
+            while True:
+                page = await self._next_page(batch.id)
                 for line in page:
                     await room.acquire()
                     group.start_soon(self._line, batch, line, room)
-                after = page[-1].idx
+                if not page:
+                    if await self._all_recorded(batch.id):
+                        break
+                    await anyio.sleep(self.limits.poll_s)  # lines running here or elsewhere
 
-    async def _next_page(self, batch_id: str, after: int) -> list[PendingLine]:
+    async def _all_recorded(self, batch_id: str) -> bool:
+        current = await self.store.get_batch(batch_id)
+        return current is None or current.completed + current.failed >= current.total
+
+    async def _next_page(self, batch_id: str) -> list[PendingLine]:
         """The next lines to feed, once every engine's models are known (a line
         for a model no engine serves is an error, not a wait)."""
         while True:
             if self.models_known():
                 break
             await anyio.sleep(self.limits.poll_s)
-        return await self.store.pending_lines(batch_id, after, self.limits.window)
+        return await self.store.claim(batch_id, self.owner, self.limits.window, self.limits.lease_s)
 
     async def _line(self, batch: BatchRecord, line: PendingLine, room: anyio.Semaphore) -> None:
         try:

@@ -2,6 +2,10 @@
 beside it (``<path>.files/``). One connection, used from a worker thread under a
 lock, so the event loop never waits on the disk. The schema is created at
 :meth:`SQLiteStore.open` and versioned with ``PRAGMA user_version``.
+
+One process uses the file, so the job queue's leases are kept in memory (on the
+monotonic clock): the leases are all this process's, and a restart starts with
+none.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +25,7 @@ import anyio.to_thread
 
 from proxy.batch.store import (
     ACTIVE,
+    FINAL,
     BatchRecord,
     FileRecord,
     LineError,
@@ -29,6 +36,7 @@ from proxy.batch.store import (
 )
 
 T = TypeVar("T")
+CHUNK_BYTES = 1 << 20
 SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE files (
@@ -76,6 +84,8 @@ class SQLiteStore:
         self._now = now
         self._db: sqlite3.Connection | None = None
         self._lock = anyio.Lock()
+        # (batch_id, idx) -> (owner, lease end on the monotonic clock)
+        self._leases: dict[tuple[str, int], tuple[str, float]] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -115,6 +125,18 @@ class SQLiteStore:
 
     def file_path(self, file_id: str) -> Path:
         return self.files_dir / file_id
+
+    def spool_path(self) -> Path:
+        return self.file_path(f"upload-{uuid.uuid4().hex}")
+
+    async def read_file(self, file_id: str) -> AsyncIterator[bytes]:
+        with self.file_path(file_id).open("rb") as f:
+            while chunk := await anyio.to_thread.run_sync(f.read, CHUNK_BYTES):
+                yield chunk
+
+    @asynccontextmanager
+    async def local_file(self, file_id: str) -> AsyncIterator[Path]:
+        yield self.file_path(file_id)
 
     async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
         file_id, now = f"file-{uuid.uuid4().hex}", self._stamp()
@@ -233,6 +255,39 @@ class SQLiteStore:
 
         return [PendingLine(i, c, json.loads(b)) for i, c, b in await self._run(rows)]
 
+    async def claim(
+        self, batch_id: str, owner: str, limit: int, lease_s: float
+    ) -> list[PendingLine]:
+        held = sum(1 for b, _ in self._leases if b == batch_id)
+
+        def rows(db: sqlite3.Connection) -> list[Any]:
+            sql = (
+                "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? "
+                "AND result IS NULL ORDER BY idx LIMIT ?"
+            )
+            return db.execute(sql, (batch_id, limit + held)).fetchall()
+
+        found, now = await self._run(rows), time.monotonic()
+        free = [r for r in found if self._leases.get((batch_id, r[0]), ("", now - 1))[1] < now]
+        for idx, _, _ in free[:limit]:
+            self._leases[(batch_id, idx)] = (owner, now + lease_s)
+        return [PendingLine(i, c, json.loads(b)) for i, c, b in free[:limit]]
+
+    def _owned(self, batch_id: str, owner: str) -> list[tuple[str, int]]:
+        return [k for k, (o, _) in self._leases.items() if k[0] == batch_id and o == owner]
+
+    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
+        until, mine = time.monotonic() + lease_s, self._owned(batch_id, owner)
+        for key in mine:
+            self._leases[key] = (owner, until)
+        return len(mine)
+
+    async def release(self, batch_id: str, owner: str) -> int:
+        mine = self._owned(batch_id, owner)
+        for key in mine:
+            del self._leases[key]
+        return len(mine)
+
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
         def record(db: sqlite3.Connection) -> bool:
             with _tx(db):
@@ -246,13 +301,19 @@ class SQLiteStore:
                 db.execute(sql, (batch_id,))
                 return True
 
-        return await self._run(record)
+        try:
+            return await self._run(record)
+        finally:
+            self._leases.pop((batch_id, idx), None)
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         now = self._stamp()
         out_id, err_id = f"file-{batch_id}-output", f"file-{batch_id}-errors"
 
         def finalize(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None or row[0] in FINAL:
+                return
             sizes = self._write_results(db, batch_id, out_id, err_id)
             with _tx(db):
                 for file_id, size in zip((out_id, err_id), sizes, strict=True):

@@ -11,12 +11,22 @@ runner builds *exactly once* on:
   transaction, only if the line had no result yet; it says whether it did.
 - :meth:`BatchStore.finalize` writes the output and error files from the recorded
   lines and sets the final status in one transaction; run again after a crash, it
-  writes the same files under the same ids.
+  writes the same files under the same ids; on a job already final it changes
+  nothing and returns the job.
+
+The job queue: the runner takes lines to run with :meth:`BatchStore.claim`, which
+leases each line to one ``owner`` (a runner) for ``lease_s`` seconds; no other
+owner gets a line while its lease is live. The owner renews the leases of the
+lines it runs (:meth:`BatchStore.renew`) and hands back those it did not run
+(:meth:`BatchStore.release`); a line whose lease ran out (its owner died) is
+claimed again. On PostgreSQL several replicas share the queue; on SQLite the one
+process holds every lease (in memory: a restart forgets them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +38,7 @@ STATUSES = (
     "validating", "failed", "in_progress", "finalizing",
     "completed", "expired", "cancelling", "cancelled",
 )  # fmt: skip
+FINAL = ("failed", "completed", "expired", "cancelled")
 
 
 class LineError(ValueError):
@@ -112,14 +123,24 @@ class BatchStore(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
+    def spool_path(self) -> Path:
+        """A new local path to write an upload to before :meth:`add_file`."""
+        ...
+
     async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
-        """Move ``source`` into the store under a new id."""
+        """Move ``source`` (a :meth:`spool_path`) into the store under a new id."""
         ...
 
     async def get_file(self, file_id: str) -> FileRecord | None: ...
     async def list_files(self, after: str | None, limit: int) -> list[FileRecord]: ...
     async def delete_file(self, file_id: str) -> bool: ...
-    def file_path(self, file_id: str) -> Path: ...
+    def read_file(self, file_id: str) -> AsyncIterator[bytes]:
+        """The stored file's bytes, in chunks."""
+        ...
+
+    def local_file(self, file_id: str) -> AbstractAsyncContextManager[Path]:
+        """A local path holding the file's bytes while the block runs."""
+        ...
 
     async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
         """Store the job and its lines; raises :class:`LineError` (nothing stored)."""
@@ -134,6 +155,21 @@ class BatchStore(Protocol):
 
     async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
         """Up to ``limit`` lines without a result, positions above ``after``, in order."""
+        ...
+
+    async def claim(
+        self, batch_id: str, owner: str, limit: int, lease_s: float
+    ) -> list[PendingLine]:
+        """Lease up to ``limit`` lines without a result and without a live lease to
+        ``owner`` for ``lease_s`` seconds; lowest positions first, in order."""
+        ...
+
+    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
+        """Extend ``owner``'s leases on the job's unrecorded lines; how many."""
+        ...
+
+    async def release(self, batch_id: str, owner: str) -> int:
+        """Drop ``owner``'s leases on the job's unrecorded lines; how many."""
         ...
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool: ...

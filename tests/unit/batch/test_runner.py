@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
@@ -111,3 +112,44 @@ async def test_no_line_is_fed_before_the_engines_models_are_known(tmp_path: Path
     assert asked[:5] == [0] * 5
     assert sum(engine.tries.values()) == 3
     await store.close()
+
+
+@pytest.mark.integration
+async def test_two_runners_on_postgres_share_a_job_and_run_each_line_once(
+    postgres_db: str,
+) -> None:
+    from proxy.batch.postgres import PostgresStore
+
+    engine = Engine({})
+    stores = [PostgresStore(postgres_db, lambda: 0.0, pool_size=4) for _ in range(2)]
+    for s in stores:
+        await s.open()
+    new = NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None)
+    await stores[0].create_batch(new, read_lines(io.BytesIO(jsonl(300)), CHAT, 10_000))
+    registry = CollectorRegistry()
+    records = Counter("records", "r", ["status"], registry=registry)
+    limits = RunnerLimits(window=4, max_attempts=3, backoff_s=0.001, poll_s=0.01, lease_s=5)
+    runners = [
+        BatchRunner(s, engine.complete, BatchMetrics(CollectorRegistry(), records), limits,
+                    lambda: 0, owner=f"replica-{i}")
+        for i, s in enumerate(stores)
+    ]  # fmt: skip
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            for runner in runners:
+                group.start_soon(runner.run)
+            while True:
+                batch = await stores[0].get_batch("batch_1")
+                if batch is not None and batch.status == "completed":
+                    break
+                await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+    assert engine.tries == {f"c{i}": 1 for i in range(300)}
+    assert (batch.completed, batch.failed, batch.total) == (300, 0, 300)
+    out = b"".join([c async for c in stores[1].read_file(str(batch.output_file_id))])
+    assert [json.loads(x)["custom_id"] for x in out.splitlines()] == [f"c{i}" for i in range(300)]
+    with psycopg.connect(postgres_db) as conn:
+        owners = conn.execute("SELECT DISTINCT claimed_by FROM lines").fetchall()
+    assert {o for (o,) in owners} == {"replica-0", "replica-1"}  # both did some
+    for s in stores:
+        await s.close()
