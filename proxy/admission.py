@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import EngineConfig
-from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, OthersLoad, Scheduler
+from proxy.scheduler import (
+    Decision,
+    Dispatch,
+    EngineLoad,
+    Job,
+    ReplicaLoad,
+    Reservation,
+    Scheduler,
+)
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import turn_report
 
@@ -158,9 +166,18 @@ class Admission:
         self._scheduler.set_engine_models(name, models)
         self.pump()
 
-    def observe_others(self, name: str, others: OthersLoad) -> None:
+    def observe_others(self, name: str, others: ReplicaLoad) -> None:
         self._scheduler.observe_others(name, others)
         self.pump()
+
+    def put_back(self, job_id: str, others: ReplicaLoad) -> bool:
+        """The ledger refused the job's reservation: it is queued again (the caller
+        waits with :meth:`readmit`); False if it is no longer in prefill."""
+        put = self._scheduler.put_back(job_id, others)
+        if put:
+            self._hold_place(job_id)  # as in :meth:`failed`
+        self.pump()
+        return put
 
     def add_engine(self, config: EngineConfig) -> None:
         self._scheduler.add_engine(config)
@@ -198,6 +215,14 @@ class Admission:
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
+
+    def own_loads(self) -> dict[str, ReplicaLoad]:
+        """This replica's load on each engine, for the shared ledger."""
+        return self._scheduler.own_loads()
+
+    def reservation(self, job_id: str) -> Reservation | None:
+        """What to reserve in the shared ledger before sending ``job_id`` (batch)."""
+        return self._scheduler.reservation(job_id)
 
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""

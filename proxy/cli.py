@@ -38,6 +38,8 @@ ENV_VARS = (
     "WHOSETURN_IDLE_TIMEOUT_S",
     "WHOSETURN_DRAIN_TIMEOUT_S",
     "WHOSETURN_DNS_INTERVAL_S",
+    "WHOSETURN_LEDGER_DSN",
+    "WHOSETURN_REPLICA_ID",
     "WHOSETURN_BATCH_STORE_PATH",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""

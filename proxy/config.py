@@ -18,6 +18,8 @@ typo stops the proxy at start rather than at the first request. Example file::
     outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     dns_interval_s: 5             # DNS groups of engines (dns+http://...) resolved again
+    ledger_dsn: postgresql://...  # several replicas share each engine's budget
+                                  # (docs/replicas.md); unset: this replica alone
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -35,7 +37,7 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
 ``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_DNS_INTERVAL_S``,
-``WHOSETURN_BATCH_STORE_PATH``.
+``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_BATCH_STORE_PATH``.
 """
 
 from __future__ import annotations
@@ -221,6 +223,13 @@ class Settings:
     drain_timeout_s: float = 30.0
     dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
 
+    # Several replicas, one budget (docs/replicas.md): off while no ledger DSN is set.
+    ledger_dsn: str = field(default="", repr=False)
+    ledger_interval_s: float = 0.1  # publish this replica's load, read the others'
+    ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
+    ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
+    replica_id: str = ""  # this replica's name in the ledger (default: host, pid, random)
+
     # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
     # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
     batch_store: str = "sqlite"
@@ -390,6 +399,12 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
     _check(settings.dns_interval_s > 0, "dns_interval_s", "must be positive")
     _check(
+        0 < settings.ledger_interval_s < settings.ledger_lease_s,
+        "ledger_interval_s",
+        "must be positive and below ledger_lease_s",
+    )
+    _check(settings.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
+    _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
     _check_batch(settings)
@@ -422,6 +437,8 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
     "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
+    "WHOSETURN_LEDGER_DSN": ("ledger_dsn", str),
+    "WHOSETURN_REPLICA_ID": ("replica_id", str),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
     "WHOSETURN_BATCH_STORE": ("batch_store", str),
     "WHOSETURN_BATCH_DSN": ("batch_dsn", str),

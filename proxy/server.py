@@ -10,7 +10,8 @@ lifecycle.
   accounting and the budget loops move on when no request does; it may dispatch)
   late model discovery for engines that were unreachable at start or joined later,
   DNS discovery of engine groups (``dns+http://`` URLs: engines join and leave,
-  :mod:`proxy.engines._discovery`), and the batch runner.
+  :mod:`proxy.engines._discovery`), the shared budget's ledger loop when several
+  replicas share the engines (:mod:`proxy.replicas`), and the batch runner.
 - **shutdown** (:func:`shutdown`): the loops are cancelled and awaited, then the
   HTTP client is closed.
 
@@ -23,10 +24,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from uuid import uuid4
 
 import httpx
 
@@ -47,6 +51,7 @@ from proxy.engines import (
     resolve_addresses,
 )
 from proxy.metrics import ProxyMetrics
+from proxy.replicas import Ledger, SharedBudget
 from proxy.scheduler import Scheduler, SchedulerSettings
 
 logger = logging.getLogger(__name__)
@@ -69,6 +74,7 @@ class ProxyState:
     counter: PromptCounter
     forwarder: Forwarder
     discovery: EngineDiscovery
+    shared: SharedBudget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     batch: BatchAPI | None = None
@@ -115,14 +121,40 @@ class Fleet:
         return True
 
 
+def _shared_budget(
+    settings: Settings, admission: Admission, pool: EnginePool, ledger: Ledger | None
+) -> SharedBudget | None:
+    """The shared budget of several replicas: on ``ledger`` if given (tests), else on
+    PostgreSQL at ``ledger_dsn``; None without either (one replica alone)."""
+    if ledger is None and settings.ledger_dsn:
+        from proxy.replicas.postgres import PostgresLedger  # psycopg loads only when used
+
+        replica = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:6]}"
+        ledger = PostgresLedger(
+            settings.ledger_dsn,
+            replica,
+            lease_s=settings.ledger_lease_s,
+            timeout_s=settings.ledger_timeout_s,
+        )
+    if ledger is None:
+        return None
+
+    def url_of(name: str) -> str | None:
+        engine = pool.engines.get(name)
+        return engine.url if engine is not None else None
+
+    return SharedBudget(ledger, admission, url_of, interval_s=settings.ledger_interval_s)
+
+
 async def build(
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None,
     clock: Clock,
     resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
 ) -> ProxyState:
-    """Every part, wired; nothing runs yet. ``transport`` replaces the network and
-    ``resolver`` the DNS (tests)."""
+    """Every part, wired; nothing runs yet. ``transport`` replaces the network,
+    ``resolver`` the DNS and ``ledger`` the shared budget's store (tests)."""
     http = make_http_client(settings, transport)
     pool = EnginePool([c for c in settings.engines if not c.by_dns], http)
     scheduler = Scheduler(
@@ -139,10 +171,13 @@ async def build(
     counter = PromptCounter(pool, admission.engines_up_for)
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
-    forwarder = Forwarder(settings, pool, monitor, services)
+    shared = _shared_budget(settings, admission, pool, ledger)
+    forwarder = Forwarder(
+        settings, pool, monitor, services, shared.reserve if shared is not None else None
+    )
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
-        discovery,
+        discovery, shared,
     )  # fmt: skip
     await _discover_models(state)
     state.batch = await build_batch(
@@ -180,9 +215,14 @@ async def _discover_models(state: ProxyState) -> None:
 
 
 async def startup(state: ProxyState) -> None:
-    """One round of health checks and load scrapes, then the background loops."""
+    """One round of health checks and load scrapes (and the shared ledger opened and
+    read), then the background loops."""
     await state.monitor.check_once()
-    state.tasks = [
+    if state.shared is not None:
+        await state.shared.ledger.open()
+        await state.shared.sync_once()
+        state.tasks.append(asyncio.create_task(state.shared.run(), name="whoseturn-ledger"))
+    state.tasks += [
         asyncio.create_task(state.monitor.run(), name="whoseturn-monitor"),
         asyncio.create_task(_tick(state.admission), name="whoseturn-tick"),
         asyncio.create_task(_discover_late(state), name="whoseturn-discover"),
@@ -204,6 +244,8 @@ async def shutdown(state: ProxyState) -> None:
             await task
     if state.batch is not None:
         await state.batch.store.close()
+    if state.shared is not None:
+        await state.shared.ledger.close()
     await state.http.aclose()
 
 
@@ -214,9 +256,10 @@ async def running(
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Clock | None = None,
     resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
 ) -> AsyncIterator[ProxyState]:
     """The proxy from startup to shutdown, around the block."""
-    state = await build(settings, transport, clock or WallClock(), resolver)
+    state = await build(settings, transport, clock or WallClock(), resolver, ledger)
     try:
         await startup(state)
         yield state

@@ -36,8 +36,17 @@ from dataclasses import dataclass
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, OthersLoad
-from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, ReplicaLoad
+from proxy.scheduler.types import (
+    Decision,
+    Dispatch,
+    HeldReason,
+    Job,
+    Phase,
+    Reservation,
+    TrafficClass,
+    Turn,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,11 +267,59 @@ class Scheduler:
         self.engines[name].load = load
         self._end(now)
 
-    def observe_others(self, name: str, others: OthersLoad) -> None:
+    def observe_others(self, name: str, others: ReplicaLoad) -> None:
         """What the other proxy replicas do on engine ``name`` (docs/replicas.md)."""
         now = self._begin()
         self.engines[name].others = others
         self._end(now)
+
+    # -- several replicas, one budget (docs/replicas.md) -------------------------
+
+    def own_loads(self) -> dict[str, ReplicaLoad]:
+        """This replica's load on each engine, to publish in the shared ledger: its
+        batch prompt tokens in prefill there, and whether its interactive work is in
+        prefill there (within the hold timeout) or queued for it (a read)."""
+        queued = self.queues[TrafficClass.INTERACTIVE]
+        return {
+            e.name: ReplicaLoad(
+                e.prefill_tokens(TrafficClass.BATCH),
+                e.interactive_holding() or any(e.eligible(j) for j in queued),
+            )
+            for e in self.engines.values()
+        }
+
+    def reservation(self, job_id: str) -> Reservation | None:
+        """What to reserve for batch job ``job_id``, just dispatched; None for any
+        other job (interactive work never waits on the ledger) (a read)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cls is not TrafficClass.BATCH or job.engine is None:
+            return None
+        if job.phase is not Phase.PREFILL:
+            return None
+        e = self.engines[job.engine]
+        # dispatched while interactive work held the engine: on starvation credit
+        holding = e.interactive_holding() or e.others.hold_for_interactive
+        beside = holding and e.rules.interactive_hold
+        in_prefill = e.prefill_tokens(TrafficClass.BATCH)
+        return Reservation(job.id, e.name, job.prompt_tokens, in_prefill, e.budget.tokens, beside)
+
+    def put_back(self, job_id: str, others: ReplicaLoad) -> bool:
+        """The ledger refused the reservation of a dispatched batch job: it goes back
+        to the head of its queue (any engine may take it again, none is excluded),
+        and the engine's view of the other replicas becomes ``others``; whether it
+        was put back (False: no longer in prefill)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.phase is not Phase.PREFILL or job.engine is None:
+            return False
+        now = self._begin()
+        engine = self.engines[job.engine]
+        engine.inflight.pop(job.id, None)
+        engine.batch_credit += job.prompt_tokens if job.cls is TrafficClass.BATCH else 0
+        engine.others = others
+        job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
+        self.queues[job.cls].appendleft(job)
+        self._end(now)
+        return True
 
     # -- engines that join and leave (DNS discovery) ---------------------------
 

@@ -25,11 +25,12 @@ class EngineLoad:
 
 
 @dataclass(frozen=True)
-class OthersLoad:
-    """What the other proxy replicas in front of this engine do there, as last read
-    from the shared ledger (docs/replicas.md): their batch prompt tokens in prefill,
-    and whether any of them has interactive work queued for it or in prefill there.
-    One replica alone keeps the zero value."""
+class ReplicaLoad:
+    """What proxy replicas do on one engine, as the shared ledger holds it
+    (docs/replicas.md): their batch prompt tokens in prefill there, and whether
+    interactive work of theirs is queued for it or in prefill there. A replica
+    publishes its own; the scheduler is given the sum of the others' (one replica
+    alone keeps the zero value)."""
 
     batch_prefill_tokens: int = 0
     hold_for_interactive: bool = False
@@ -65,7 +66,7 @@ class EngineState:
         self.up = True
         self.draining = False  # left discovery: no new work; what runs here finishes
         self.load = EngineLoad()
-        self.others = OthersLoad()
+        self.others = ReplicaLoad()
         self.inflight: dict[str, Job] = {}
         self.budget = BudgetController(settings.budget, now)
         self.turn = Turn.IDLE
@@ -131,20 +132,24 @@ class EngineState:
         interactive prefill."""
         return self.rules.batch_min_share > 0 and self.batch_credit >= job.prompt_tokens
 
-    def holds_for_interactive(self, head: Job | None = None) -> bool:
-        """Whether interactive work holds batch here (its first job ``head``): a chat
-        dispatched within the hold timeout is in prefill, or another replica says it
-        holds (:class:`OthersLoad`), and batch has not earned ``head`` in credit."""
+    def interactive_holding(self) -> bool:
+        """Whether this replica's own chat, dispatched within the hold timeout, is in
+        prefill here."""
         r, now = self.rules, self._accounted_at
-        holding = any(
+        return any(
             j.cls is TrafficClass.INTERACTIVE
             and j.phase is Phase.PREFILL
             and now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
             for j in self.inflight.values()
         )
-        holding = holding or self.others.hold_for_interactive
+
+    def holds_for_interactive(self, head: Job | None = None) -> bool:
+        """Whether interactive work holds batch here (its first job ``head``): a chat
+        dispatched within the hold timeout is in prefill, or another replica says it
+        holds (:class:`ReplicaLoad`), and batch has not earned ``head`` in credit."""
+        holding = self.interactive_holding() or self.others.hold_for_interactive
         starved = head is not None and self.batch_starved(head)
-        return r.interactive_hold and holding and not starved
+        return self.rules.interactive_hold and holding and not starved
 
     def batch_refusal(self, job: Job) -> HeldReason | None:
         """Why ``job`` (batch) may not be dispatched here now; None if it may. The
@@ -155,7 +160,7 @@ class EngineState:
         nothing else is in prefill, so no prompt is starved by its size. A starved
         batch (:class:`HoldRules`) runs one prompt at a time beside interactive
         prefill. Other replicas' batch prompt tokens in prefill here
-        (:class:`OthersLoad`) count against the budget as this replica's own do.
+        (:class:`ReplicaLoad`) count against the budget as this replica's own do.
         """
         s = self.settings
         if not self.up or self.draining:

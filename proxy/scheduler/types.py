@@ -100,3 +100,20 @@ class Decision:
     admitted: bool
     reason: HeldReason | None
     budget: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a replica must reserve in the shared ledger before it sends batch job
+    ``job_id`` to ``engine`` (docs/replicas.md): the job's ``tokens``; this
+    replica's batch prompt tokens in prefill there counting the job
+    (``in_prefill``); the ``budget`` it was admitted under; and whether it was
+    admitted beside interactive prefill on its starvation credit (``beside_interactive``:
+    other replicas' interactive work does not refuse it then)."""
+
+    job_id: str
+    engine: str
+    tokens: int
+    in_prefill: int
+    budget: int
+    beside_interactive: bool
