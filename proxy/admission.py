@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,11 @@ class Admission:
         self._scheduler = scheduler
         self._waiters: dict[str, asyncio.Future[Admitted]] = {}
         self.closed = False
+        self.on_release: Callable[[], None] | None = None  # work left prefill or ended
+
+    def _released(self) -> None:
+        if self.on_release is not None:
+            self.on_release()
 
     async def admit(self, job: Job) -> Admitted:
         """Queue ``job`` and return its dispatch; raises :class:`UnknownModel` if no
@@ -129,6 +134,7 @@ class Admission:
     def first_token(self, job_id: str) -> None:
         self._scheduler.on_first_token(job_id)
         self.pump()
+        self._released()
 
     def token_gap(self, job_id: str, gap_s: float) -> None:
         self._scheduler.on_token_gap(job_id, gap_s)
@@ -136,11 +142,13 @@ class Admission:
     def finished(self, job_id: str) -> None:
         self._scheduler.on_finished(job_id)
         self.pump()
+        self._released()
 
     def abandon(self, job_id: str) -> None:
         """The client left: forget the job wherever it is."""
         self._scheduler.cancel(job_id)
         self.pump()
+        self._released()
 
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""

@@ -143,7 +143,9 @@ def _shared_budget(
         engine = pool.engines.get(name)
         return engine.url if engine is not None else None
 
-    return SharedBudget(ledger, admission, url_of, interval_s=settings.ledger_interval_s)
+    shared = SharedBudget(ledger, admission, url_of, interval_s=settings.ledger_interval_s)
+    admission.on_release = shared.nudge
+    return shared
 
 
 async def build(

@@ -1,7 +1,8 @@
 """One replica's side of the shared budget: publish, read, reserve.
 
-- Every ``interval_s`` (:meth:`SharedBudget.run`) the replica writes its own load on
-  each engine to the ledger and hands the other replicas' sums to the scheduler
+- Every ``interval_s`` (:meth:`SharedBudget.run`), and as soon as it frees
+  something (a first token, a finish: :meth:`SharedBudget.nudge`), the replica
+  writes its own load on each engine to the ledger and hands the other replicas' sums to the scheduler
   (``observe_others``), which then counts them in its budget check and holds batch
   while another replica holds an engine for interactive work.
 - Before a batch job dispatched to an engine is sent (:meth:`SharedBudget.reserve`)
@@ -17,6 +18,7 @@ reservation made meanwhile with an older view of this replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -47,12 +49,21 @@ class SharedBudget:
         self.failures = 0
         self.refused = 0
         self._lock = asyncio.Lock()
+        self._nudged = asyncio.Event()
+
+    def nudge(self) -> None:
+        """Publish soon: this replica just freed something (a first token, a finish),
+        and the others should not wait a whole interval to see it."""
+        self._nudged.set()
 
     async def run(self) -> None:
-        """:meth:`sync_once` every ``interval_s`` until cancelled."""
+        """:meth:`sync_once` every ``interval_s``, or sooner when nudged, until
+        cancelled."""
         while True:
+            self._nudged.clear()
             await self.sync_once()
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), self.interval_s)
 
     async def sync_once(self) -> bool:
         """Publish this replica's load and take in the others'; False if the ledger
