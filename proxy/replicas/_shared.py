@@ -2,9 +2,9 @@
 
 - Every ``interval_s`` (:meth:`SharedBudget.run`), and as soon as it frees
   something (a first token, a finish: :meth:`SharedBudget.nudge`), the replica
-  writes its own load on each engine to the ledger and hands the other replicas' sums to the scheduler
-  (``observe_others``), which then counts them in its budget check and holds batch
-  while another replica holds an engine for interactive work.
+  writes its own load on each engine to the ledger and hands the other replicas'
+  sums to the scheduler (``observe_others``), which then counts them in its budget
+  check and holds batch while another replica holds an engine for interactive work.
 - Before a batch job dispatched to an engine is sent (:meth:`SharedBudget.reserve`)
   its tokens are reserved in the ledger. Refused, the job goes back to the head of
   its queue with the fresher view of the others (``put_back``); the ledger failing,
