@@ -8,9 +8,11 @@
 # Configuration: mount a YAML file at /etc/whoseturn/whoseturn.yaml (the working
 # directory, where `whoseturn serve` looks for it) or point $WHOSETURN_CONFIG at one;
 # WHOSETURN_* variables override the file. The Batch API's SQLite store lives on the
-# volume /var/lib/whoseturn. BASE is any Debian-like image with python3 (3.11+) and
-# its venv module; pip honours PIP_INDEX_URL / PIP_FIND_LINKS / PIP_NO_INDEX given as
-# build arguments, for a private mirror or an offline wheelhouse.
+# volume /var/lib/whoseturn (or set WHOSETURN_BATCH_STORE=postgres and
+# WHOSETURN_BATCH_DSN for a shared PostgreSQL store). BASE is any Debian-like image
+# with python3 (3.11+) and its venv module; pip honours PIP_INDEX_URL /
+# PIP_FIND_LINKS / PIP_NO_INDEX given as build arguments, for a private mirror or an
+# offline wheelhouse.
 ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build

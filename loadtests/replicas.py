@@ -326,10 +326,9 @@ def _database(dsn: str | None) -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    # A throwaway cluster, as the tests make one (the helper lives with the tests).
-    from tests.support.postgres import fresh_database, postgres_cluster
+    from loadtests.postgres import fresh_database, postgres_cluster
 
-    with postgres_cluster() as cluster:
+    with postgres_cluster(durable=True) as cluster:
         yield fresh_database(cluster.dsn(), "replicas")
 
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from array import array
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from itertools import islice
 from pathlib import Path
@@ -36,6 +38,7 @@ import anyio
 import anyio.to_thread
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -128,8 +131,13 @@ class PostgresStore:
         self.dsn = dsn
         self._now = now
         self._pool = AsyncConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False, name="whoseturn-batch"
-        )
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="whoseturn-batch",
+            kwargs={"autocommit": True},  # a statement is its own transaction, else
+        )  # conn.transaction() says where one begins and ends
         self._spool: Path | None = None
 
     # -- plumbing -----------------------------------------------------------------
@@ -299,12 +307,12 @@ class PostgresStore:
             rows = sorted(await cur.fetchall())
         return [PendingLine(i, c, json.loads(b)) for i, c, b in rows]
 
-    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
+    async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
         sql = (
-            f"UPDATE lines SET lease_until = {NOW} + %s "
-            "WHERE batch_id = %s AND claimed_by = %s AND result IS NULL"
+            f"UPDATE lines SET lease_until = {NOW} + %s WHERE batch_id = %s "
+            "AND idx = ANY(%s) AND claimed_by = %s AND result IS NULL"
         )
-        return await self._count(sql, (lease_s, batch_id, owner))
+        return await self._count(sql, (lease_s, batch_id, list(lines), owner))
 
     async def release(self, batch_id: str, owner: str) -> int:
         sql = (
@@ -314,19 +322,22 @@ class PostgresStore:
         return await self._count(sql, (batch_id, owner))
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
-        async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s AND idx = %s "
-                "AND result IS NULL",
-                (result.ok, result.line, batch_id, idx),
-            )
-            if cur.rowcount != 1:
-                return False
-            count = "completed" if result.ok else "failed"
-            extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
-            sql = f"UPDATE batches SET {count} = {count} + 1{extra} WHERE id = %s"
-            await conn.execute(sql, (batch_id,))
-            return True
+        count = "completed" if result.ok else "failed"
+        extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
+        sql = (
+            "WITH done AS (UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s "
+            "AND idx = %s AND result IS NULL RETURNING 1) "
+            f"UPDATE batches SET {count} = {count} + 1{extra} "
+            "WHERE id = %s AND EXISTS (SELECT FROM done) RETURNING 1"
+        )
+        async with self._pool.connection() as conn:
+            async with conn.pipeline(), conn.transaction():  # one round trip
+                # Not waiting for the WAL flush (SQLite's synchronous=NORMAL, likewise):
+                # a crash of the database itself, not of a replica, may forget the last
+                # records, line and counts together; those lines run again.
+                await conn.execute("SET LOCAL synchronous_commit = off")
+                cur = await conn.execute(sql, (result.ok, result.line, batch_id, idx, batch_id))
+            return await cur.fetchone() is not None
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         now = self._stamp()
@@ -389,20 +400,34 @@ async def _put_chunk(conn: AsyncConnection[Any], file_id: str, n: int, data: byt
 
 
 async def _copy_lines(conn: AsyncConnection[Any], batch_id: str, lines: Iterator[LineSpec]) -> int:
-    """COPY the lines in (parsed off the event loop a page at a time); the count."""
-    seen: set[str] = set()
+    """COPY the lines in (parsed off the event loop a page at a time); the count. A
+    duplicate ``custom_id`` is the unique index's to find, as on SQLite: memory does
+    not grow with the job but for the rows' positions (4 bytes a line)."""
+    positions = array("l")
     cur = conn.cursor()
     sql = "COPY lines (batch_id, idx, custom_id, body) FROM STDIN"
-    async with cur.copy(sql) as copy:
-        while page := await anyio.to_thread.run_sync(_take, lines, INSERT_PAGE):
-            for line in page:
-                if line.custom_id in seen:
-                    raise LineError(line.idx, f"duplicate custom_id `{line.custom_id}`")
-                seen.add(line.custom_id)
-                await copy.write_row((batch_id, line.idx, line.custom_id, line.body))
-    if not seen:
+    try:
+        async with cur.copy(sql) as copy:
+            while page := await anyio.to_thread.run_sync(_take, lines, INSERT_PAGE):
+                for line in page:
+                    positions.append(line.idx)
+                    await copy.write_row((batch_id, line.idx, line.custom_id, line.body))
+    except UniqueViolation as exc:
+        raise _duplicate(exc, batch_id, positions) from None
+    if not positions:
         raise LineError(0, "The input file has no requests.")
-    return len(seen)
+    return len(positions)
+
+
+def _duplicate(exc: UniqueViolation, batch_id: str, positions: array[int]) -> LineError:
+    """The :class:`LineError` for COPY's unique violation: its row number (in the
+    error's context) is a position in ``positions``; its key is in the detail."""
+    row = re.search(r"line (\d+)", exc.diag.context or "")
+    detail = exc.diag.message_detail or ""
+    prefix, suffix = f"Key (batch_id, custom_id)=({batch_id}, ", ") already exists."
+    custom_id = detail[len(prefix) : -len(suffix)] if detail.startswith(prefix) else "?"
+    idx = positions[int(row.group(1)) - 1] if row else 0
+    return LineError(idx, f"duplicate custom_id `{custom_id}`")
 
 
 async def _write_results(

@@ -106,6 +106,7 @@ class BatchRunner:
         self.limits = limits
         self._now = now
         self._runs: dict[str, _Run | None] = {}
+        self._held: dict[str, set[int]] = {}  # lines claimed here, not yet recorded
 
     async def run(self) -> None:
         """Forever: start every active job not yet driven; keep the jobs gauge."""
@@ -153,6 +154,7 @@ class BatchRunner:
                     await self._feed(batch)
                     group.cancel_scope.cancel()
         finally:
+            self._held.pop(batch_id, None)
             with anyio.CancelScope(shield=True):
                 await self.store.release(batch_id, self.owner)
         if run.outcome != "completed":
@@ -174,10 +176,11 @@ class BatchRunner:
                 return
 
     async def _renew(self, batch_id: str) -> None:
-        """Keep this runner's leases on the job's lines live."""
+        """Keep this runner's leases on the job's lines it holds live."""
         while True:
             await anyio.sleep(self.limits.lease_s / 3)
-            await self.store.renew(batch_id, self.owner, self.limits.lease_s)
+            held = sorted(self._held.get(batch_id, ()))
+            await self.store.renew(batch_id, self.owner, held, self.limits.lease_s)
 
     async def _feed(self, batch: BatchRecord) -> None:
         room = anyio.Semaphore(self.limits.window)
@@ -212,6 +215,7 @@ class BatchRunner:
                 if await self.store.record(batch.id, line.idx, result):
                     self.metrics.count(result)
         finally:
+            self._held.get(batch.id, set()).discard(line.idx)
             room.release()
 
     async def _attempts(self, batch: BatchRecord, line: PendingLine) -> LineResult:

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,11 +276,13 @@ class SQLiteStore:
     def _owned(self, batch_id: str, owner: str) -> list[tuple[str, int]]:
         return [k for k, (o, _) in self._leases.items() if k[0] == batch_id and o == owner]
 
-    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
-        until, mine = time.monotonic() + lease_s, self._owned(batch_id, owner)
-        for key in mine:
-            self._leases[key] = (owner, until)
-        return len(mine)
+    async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
+        until, renewed = time.monotonic() + lease_s, 0
+        for idx in lines:
+            if self._leases.get((batch_id, idx), ("", 0.0))[0] == owner:
+                self._leases[(batch_id, idx)] = (owner, until)
+                renewed += 1
+        return renewed
 
     async def release(self, batch_id: str, owner: str) -> int:
         mine = self._owned(batch_id, owner)

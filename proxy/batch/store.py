@@ -17,7 +17,7 @@ runner builds *exactly once* on:
 The job queue: the runner takes lines to run with :meth:`BatchStore.claim`, which
 leases each line to one ``owner`` (a runner) for ``lease_s`` seconds; no other
 owner gets a line while its lease is live. The owner renews the leases of the
-lines it runs (:meth:`BatchStore.renew`) and hands back those it did not run
+lines it is running (:meth:`BatchStore.renew`) and hands back those it did not run
 (:meth:`BatchStore.release`); a line whose lease ran out (its owner died) is
 claimed again. On PostgreSQL several replicas share the queue; on SQLite the one
 process holds every lease (in memory: a restart forgets them).
@@ -25,7 +25,7 @@ process holds every lease (in memory: a restart forgets them).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,8 +164,9 @@ class BatchStore(Protocol):
         ``owner`` for ``lease_s`` seconds; lowest positions first, in order."""
         ...
 
-    async def renew(self, batch_id: str, owner: str, lease_s: float) -> int:
-        """Extend ``owner``'s leases on the job's unrecorded lines; how many."""
+    async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
+        """Extend ``owner``'s leases on ``lines`` (positions) that have no result yet;
+        how many it still held."""
         ...
 
     async def release(self, batch_id: str, owner: str) -> int:

@@ -1,7 +1,8 @@
 """The official ``openai`` client runs the Files and Batch API against the proxy in
 front of a simulated engine (real time, so long lines are still running when a job
 is cancelled or expires): upload, create, poll to the end, read the output and
-error files, list, cancel, expire; every validation case answers its 4xx."""
+error files, list, cancel, expire; every validation case answers its 4xx. Every
+test runs on both stores: SQLite, and a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import psycopg
 import pytest
 from openai.types import Batch
+
+from tests.support.postgres import fresh_database
 
 from .proxyserver import ProxyServer, engine, run_proxy
 from .simserver import MODEL, SimServer, run_server, sim_settings
@@ -37,15 +41,21 @@ def jsonl(lines: list[Any]) -> bytes:
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimServer, ProxyServer]]:
-    store = tmp_path_factory.mktemp("batch") / "batch.db"
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SimServer, ProxyServer]]:
+    if request.param == "sqlite":
+        store = {"batch_store_path": str(tmp_path_factory.mktemp("batch") / "batch.db")}
+    else:
+        dsn = fresh_database(request.getfixturevalue("postgres_dsn"))
+        store = {"batch_store": "postgres", "batch_dsn": dsn}
     # Real time: a long line is still running when a test cancels or expires its job.
     with (
         run_server(sim_settings(time_scale=1.0)) as sim,
         run_proxy(
             [engine(sim.base_url, "sim-0")],
-            batch_store_path=str(store),
+            **store,
             batch_max_file_bytes=MAX_FILE_BYTES,
             batch_max_lines=MAX_LINES,
             batch_retry_backoff_s=0.01,
@@ -240,9 +250,18 @@ def test_unknown_ids_are_404(proxy: ProxyServer) -> None:
     assert proxy.http.post("/v1/batches/batch_x/cancel").status_code == 404
 
 
-def test_store_is_on_disk(proxy: ProxyServer) -> None:
-    path = Path(proxy.settings.batch_store_path)
-    assert path.exists() and Path(f"{path}.files").is_dir()
+def test_store_holds_the_files(proxy: ProxyServer, client: openai.OpenAI) -> None:
+    """SQLite: a database file and a folder beside it; PostgreSQL: the bytes in the
+    database (any replica serves them)."""
+    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line("a")])), purpose="batch")
+    if proxy.settings.batch_store == "sqlite":
+        path = Path(proxy.settings.batch_store_path)
+        assert path.exists() and Path(f"{path}.files/{uploaded.id}").is_file()
+        return
+    with psycopg.connect(proxy.settings.batch_dsn) as conn:
+        sql = "SELECT string_agg(data, '' ORDER BY n) FROM file_chunks WHERE file_id = %s"
+        row = conn.execute(sql, (uploaded.id,)).fetchone()
+    assert row is not None and row[0] == jsonl([chat_line("a")])
 
 
 def test_the_proxys_api_keys_guard_the_batch_routes(tmp_path: Path, shared_sim: SimServer) -> None:

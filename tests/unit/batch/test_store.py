@@ -85,9 +85,9 @@ async def test_a_line_is_recorded_once(store: BatchStore) -> None:
 
 
 async def test_a_bad_job_stores_nothing(store: BatchStore) -> None:
-    bad = jsonl(2) + jsonl(1)  # c0 again on line 3
+    bad = jsonl(2) + b"\n" + jsonl(1)  # c0 again on line 4 (after a blank one)
     new = NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None)
-    with pytest.raises(LineError, match="Line 3: duplicate custom_id `c0`"):
+    with pytest.raises(LineError, match="Line 4: duplicate custom_id `c0`"):
         await store.create_batch(new, read_lines(io.BytesIO(bad), CHAT, 1000))
     assert await store.get_batch("batch_2") is None
 
@@ -168,10 +168,12 @@ async def test_a_lapsed_lease_is_claimed_again_a_renewed_one_is_not(store: Batch
     await new_job(store, 4)
     assert len(await store.claim("batch_1", "kept", 2, 0.3)) == 2
     assert len(await store.claim("batch_1", "dead", 2, 0.3)) == 2
-    assert await store.renew("batch_1", "kept", 60) == 2
+    assert await store.renew("batch_1", "kept", [1, 2, 3], 60) == 2  # 3 is not its own
     await anyio.sleep(0.6)  # twice the lease: "dead" never renewed
     assert [p.idx for p in await store.claim("batch_1", "next", 10, 30)] == [3, 4]
-    assert await store.renew("batch_1", "dead", 30) == 0  # its lines are someone else's now
+    assert await store.renew("batch_1", "dead", [3, 4], 30) == 0  # someone else's now
+    assert await store.record("batch_1", 1, LineResult(True, "{}"))
+    assert await store.renew("batch_1", "kept", [1, 2], 60) == 1  # 1 has its result
 
 
 async def test_finalize_leaves_a_final_job_as_it_is(store: BatchStore) -> None:
@@ -184,6 +186,17 @@ async def test_finalize_leaves_a_final_job_as_it_is(store: BatchStore) -> None:
     assert again.times.get("completed_at") is None
     assert [b.id for b in await store.active_batches()] == []
     assert await store.count_by_status() == {"cancelled": 1}
+
+
+@pytest.mark.integration
+async def test_postgres_replicas_starting_together_migrate_once(postgres_db: str) -> None:
+    stores = [PostgresStore(postgres_db, lambda: 0.0, pool_size=2) for _ in range(3)]
+    async with anyio.create_task_group() as group:
+        for s in stores:
+            group.start_soon(s.open)
+    assert [await s.schema_version() for s in stores] == [len(MIGRATIONS)] * 3
+    for s in stores:
+        await s.close()
 
 
 @pytest.mark.integration
@@ -230,3 +243,18 @@ async def test_postgres_replicas_never_claim_one_line_twice(postgres_db: str) ->
     assert {(r.status, r.output_file_id) for r in results} == {("completed", "file-batch_1-output")}
     for s in stores:
         await s.close()
+
+
+@pytest.mark.integration
+async def test_postgres_store_logs_where_it_is_without_the_password(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    dsn = make_conninfo(postgres_db, password="hunter2")  # trust auth: never asked for
+    caplog.set_level("INFO", logger="proxy.batch.postgres")
+    store = PostgresStore(dsn, lambda: 0.0, pool_size=2)
+    await store.open()
+    await store.close()
+    assert "batch store: PostgreSQL at" in caplog.text and "migrated" in caplog.text
+    assert "hunter2" not in caplog.text
