@@ -22,6 +22,11 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
 - **Batch is never starved**: a chat in prefill longer than the hold timeout
   stops holding batch, and batch earns credit from the chat prompts sent while it
   waits, so it keeps a minimum share of each engine's prefill (:class:`HoldRules`).
+- **Other proxy replicas** in front of the same engines are an input
+  (:meth:`Scheduler.observe_others`): their batch prompt tokens in prefill on an
+  engine count against its budget, and their interactive work holds batch there
+  (docs/replicas.md). Engines may join and drain (:meth:`Scheduler.add_engine`,
+  :meth:`~Scheduler.drain_engine`): a draining engine takes no new work.
 - Each engine's turn and the reason batch is held are recomputed after every
   event, and the time spent in each is accounted.
 """
