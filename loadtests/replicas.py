@@ -67,6 +67,7 @@ class Plan:
     duration_s: float = 20.0
     time_scale: float = 2.0
     lease_s: float = 2.0
+    ledger_interval_s: float = 0.1
 
 
 @dataclass
@@ -141,7 +142,13 @@ def proxies(
          "budget": budget}
         for i, url in enumerate(engine_urls)
     ]  # fmt: skip
-    shared = {"ledger_dsn": dsn, "ledger_lease_s": plan.lease_s} if dsn else {}
+    shared = {
+        "ledger_dsn": dsn,
+        "ledger_lease_s": plan.lease_s,
+        "ledger_interval_s": plan.ledger_interval_s,
+    }
+    if not dsn:
+        shared = {}
     with ExitStack() as stack:
         out = []
         for n in range(count):
@@ -298,7 +305,8 @@ def render(results: Sequence[Result], plan: Plan) -> str:
     lines = [
         f"budget {plan.budget} tokens per engine, batch prompts {plan.batch_prompt} tokens, "
         f"{plan.batch_workers} batch and {plan.chat_workers} chat workers, "
-        f"{plan.duration_s:g} s per arm, engines at {plan.time_scale:g}x",
+        f"{plan.duration_s:g} s per arm, engines at {plan.time_scale:g}x, "
+        f"ledger_interval_s {plan.ledger_interval_s:g}",
         "",
         "| arm | TTFT p50 ms | TTFT p95 ms | batch rec/s | engine peak batch prefill "
         "(a, b) | within budget | errors |",
@@ -338,9 +346,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=Plan.duration_s, metavar="S")
     parser.add_argument("--budget", type=int, default=Plan.budget, metavar="TOKENS")
     parser.add_argument("--arms", default="1,2,3,2u,kill", help="of 1, 2, 3, 2u, kill")
+    parser.add_argument(
+        "--ledger-interval", type=float, default=Plan.ledger_interval_s, metavar="S",
+        help="the replicas' ledger_interval_s",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args(argv)
-    plan = Plan(duration_s=args.duration, budget=args.budget)
+    plan = Plan(
+        duration_s=args.duration, budget=args.budget, ledger_interval_s=args.ledger_interval
+    )
     with _database(args.dsn) as dsn:
         results = run_all(plan, dsn, args.arms.split(","))
     print(render(results, plan))

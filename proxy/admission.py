@@ -232,6 +232,9 @@ class Admission:
         """What to reserve in the shared ledger before sending ``job_id`` (batch)."""
         return self._scheduler.reservation(job_id)
 
+    def mark_reserved(self, job_id: str) -> None:
+        self._scheduler.mark_reserved(job_id)
+
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""
         return turn_report(self._scheduler)

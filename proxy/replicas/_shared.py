@@ -85,11 +85,14 @@ class SharedBudget:
         """Reserve the tokens of ``job_id``, just dispatched, on its engine. True:
         send it. False: it was queued again (wait for its next dispatch). Work that
         needs no reservation (interactive) returns True at once."""
-        reservation = self.admission.reservation(job_id)
-        if reservation is None:
+        if self.admission.reservation(job_id) is None:
             return True
-        url = self.url_of(reservation.engine)
         async with self._lock:
+            # asked again under the lock: the reservations granted meanwhile count
+            reservation = self.admission.reservation(job_id)
+            if reservation is None:
+                return True  # unreachable: only a cancel takes it out, and ends the caller
+            url = self.url_of(reservation.engine)
             try:
                 if url is None:
                     raise LedgerError(f"engine {reservation.engine} is gone")
@@ -97,17 +100,18 @@ class SharedBudget:
             except LedgerError as exc:
                 self._failed("reserve", exc)
                 verdict = None
+            if verdict is not None and verdict.granted:
+                self.admission.mark_reserved(job_id)
+                return True
         if verdict is None:
             await asyncio.sleep(self.interval_s)
             others = self.others.get(reservation.engine, ReplicaLoad())
             self.admission.put_back(job_id, others)
             return False
-        if not verdict.granted:
-            self.refused += 1
-            logger.debug("ledger refused %s on %s", job_id, reservation.engine)
-            self.admission.put_back(job_id, verdict.others)
-            return False
-        return True
+        self.refused += 1
+        logger.debug("ledger refused %s on %s", job_id, reservation.engine)
+        self.admission.put_back(job_id, verdict.others)
+        return False
 
     def _failed(self, what: str, exc: LedgerError) -> None:
         self.failures += 1

@@ -8,7 +8,11 @@ Two tables::
                       batch_prefill_tokens, hold,       and its heartbeat
                       updated_at)
 
-Times are the database's own ``now()``, so the replicas' clocks never meet. Every
+Both tables are ``UNLOGGED``: the ledger is soft state, rewritten every publish
+interval, so its writes skip the write-ahead log and its commits wait for no disk
+flush (after a database crash the tables come back empty, which is what a lease
+would make of them anyway). Times are the database's own ``now()``, so the
+replicas' clocks never meet. Every
 call has a time limit (``timeout_s``); past it, or on any database error, it raises
 :class:`~proxy.replicas.LedgerError`.
 """
@@ -31,8 +35,8 @@ from proxy.scheduler import ReplicaLoad, Reservation
 logger = logging.getLogger(__name__)
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS whoseturn_ledger_engines (engine text PRIMARY KEY);
-CREATE TABLE IF NOT EXISTS whoseturn_ledger (
+CREATE UNLOGGED TABLE IF NOT EXISTS whoseturn_ledger_engines (engine text PRIMARY KEY);
+CREATE UNLOGGED TABLE IF NOT EXISTS whoseturn_ledger (
     engine text NOT NULL,
     replica text NOT NULL,
     batch_prefill_tokens bigint NOT NULL DEFAULT 0,

@@ -282,12 +282,13 @@ class Scheduler:
 
     def own_loads(self) -> dict[str, ReplicaLoad]:
         """This replica's load on each engine, to publish in the shared ledger: its
-        batch prompt tokens in prefill there, and whether its interactive work is in
-        prefill there (within the hold timeout) or queued for it (a read)."""
+        reserved batch prompt tokens in prefill there (every batch job sent was
+        reserved first), and whether its interactive work is in prefill there
+        (within the hold timeout) or queued for it (a read)."""
         queued = self.queues[TrafficClass.INTERACTIVE]
         return {
             e.name: ReplicaLoad(
-                e.prefill_tokens(TrafficClass.BATCH),
+                _reserved_tokens(e),
                 e.interactive_holding() or any(e.eligible(j) for j in queued),
             )
             for e in self.engines.values()
@@ -305,8 +306,15 @@ class Scheduler:
         # dispatched while interactive work held the engine: on starvation credit
         holding = e.interactive_holding() or e.others.hold_for_interactive
         beside = holding and e.rules.interactive_hold
-        in_prefill = e.prefill_tokens(TrafficClass.BATCH)
+        in_prefill = _reserved_tokens(e) + job.prompt_tokens
         return Reservation(job.id, e.name, job.prompt_tokens, in_prefill, e.budget.tokens, beside)
+
+    def mark_reserved(self, job_id: str) -> None:
+        """The ledger granted ``job_id``'s reservation: its tokens count in what this
+        replica publishes and in its next reservations."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.reserved = True
 
     def put_back(self, job_id: str, others: ReplicaLoad) -> bool:
         """The ledger refused the reservation of a dispatched batch job: it goes back
@@ -394,6 +402,15 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+def _reserved_tokens(engine: EngineState) -> int:
+    """The batch prompt tokens in prefill on ``engine`` whose reservation was granted."""
+    return sum(
+        j.prompt_tokens
+        for j in engine.inflight.values()
+        if j.cls is TrafficClass.BATCH and j.phase is Phase.PREFILL and j.reserved
+    )
 
 
 def _mark_beside_batch(engine: EngineState, job: Job) -> None:

@@ -76,6 +76,7 @@ class Job:
     attempts: int = 0
     held: HeldReason | None = None
     beside_batch: bool = False  # interactive: shared its engine with batch prefill
+    reserved: bool = False  # batch: its tokens are reserved in the shared ledger
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class Decision:
 class Reservation:
     """What a replica must reserve in the shared ledger before it sends batch job
     ``job_id`` to ``engine`` (docs/replicas.md): the job's ``tokens``; this
-    replica's batch prompt tokens in prefill there counting the job
+    replica's reserved batch prompt tokens in prefill there, counting the job
     (``in_prefill``); the ``budget`` it was admitted under; and whether it was
     admitted beside interactive prefill on its starvation credit (``beside_interactive``:
     other replicas' interactive work does not refuse it then)."""

@@ -104,6 +104,8 @@ def test_own_loads_are_this_replicas_batch_prefill_and_interactive_hold() -> Non
     batch = submit(s, B, 30)
     sent(s)
     assert (chat.engine, batch.engine) == ("a", "b")
+    assert s.own_loads()["b"] == ReplicaLoad(0, False), "not reserved yet: not published"
+    s.mark_reserved(batch.id)
     loads = s.own_loads()
     # the others' hold on a is not this replica's: it is never published back
     assert loads == {"a": ReplicaLoad(0, True), "b": ReplicaLoad(30, False)}
@@ -119,6 +121,8 @@ def test_a_refused_reservation_puts_the_job_back_with_the_fresher_view() -> None
     s, _ = make(engine("a", budget={"initial_tokens": 1000, "min_tokens": 100}))
     first, second = submit(s, B, 400), submit(s, B, 400)
     assert set(sent(s)) == {first.id, second.id}
+    assert s.reservation(second.id).in_prefill == 400  # type: ignore[union-attr]
+    s.mark_reserved(first.id)
     r = s.reservation(second.id)
     assert r is not None
     assert (r.engine, r.tokens, r.in_prefill, r.budget) == ("a", 400, 800, 1000)
