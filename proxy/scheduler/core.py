@@ -187,6 +187,7 @@ class Scheduler:
         job.engine = engine.name
         job.dispatched_at = now
         job.held = None
+        job.reserved = False  # a reservation is for one engine and one dispatch
         _mark_beside_batch(engine, job)
         engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.inflight[job.id] = job
