@@ -41,6 +41,8 @@ ENV_VARS = (
     "WHOSETURN_LEDGER_DSN",
     "WHOSETURN_REPLICA_ID",
     "WHOSETURN_BATCH_STORE_PATH",
+    "WHOSETURN_BATCH_STORE",
+    "WHOSETURN_BATCH_DSN",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 

@@ -34,7 +34,7 @@ QUEUE_BUCKETS = (
 
 CLASS_ENGINE = ("class", "engine")
 OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
-BATCH_RECORD_STATUSES = ("valid", "invalid", "failed")
+BATCH_RECORD_STATUSES = ("completed", "failed", "valid", "invalid")
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

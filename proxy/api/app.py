@@ -22,6 +22,7 @@ from proxy.api.inputs import check_api_key
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
 from proxy.batch import install_batch_routes
+from proxy.batch.routes import FORM_SLACK_BYTES
 from proxy.clock import Clock
 from proxy.config import Settings
 from proxy.engines import Resolver, resolve_addresses
@@ -54,7 +55,11 @@ def create_app(
     app = FastAPI(title="whoseturn", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(KeyGuard, settings=settings)
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
+    # An upload to the Files API has its own, larger limit (the route checks it too).
+    uploads = {
+        "/v1/files": max(settings.max_body_bytes, settings.batch_max_file_bytes + FORM_SLACK_BYTES)
+    }
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, path_limits=uploads)
     _routes(app)
     install_turn_routes(app, lambda request: _state(request).admission)
     install_status_route(app)

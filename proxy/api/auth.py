@@ -1,7 +1,8 @@
 """Who may call what, when ``api_keys`` is set (with none set, every route is open).
 
 - ``GET /healthz``, ``GET /readyz``: no key (liveness and readiness probes);
-- ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/status``,
+- ``GET`` (or ``HEAD``) ``/metrics``, ``/turn``, ``/turn/log``, ``/status`` (and
+  ``/status/batches``),
   ``/v1/models``, ``/batch/v1/models``, ``/openapi.json``, ``/docs``, ``/redoc``:
   any key, role ``read`` or ``user`` (dashboards, Prometheus' scrape);
 - everything else (the completion routes, and unknown routes): a ``user`` key.
@@ -31,6 +32,7 @@ READ_PATHS = frozenset(
         "/turn",
         "/turn/log",
         "/status",
+        "/status/batches",
         "/v1/models",
         "/batch/v1/models",
         "/openapi.json",

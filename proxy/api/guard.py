@@ -1,7 +1,8 @@
 """The outermost layer of the proxy's own: every request passes through
 :class:`Guard`, which
 
-- refuses a body larger than ``max_body_bytes`` with 413 before it is read in
+- refuses a body larger than ``max_body_bytes`` (or the limit ``path_limits``
+  gives its path: the Files API's uploads) with 413 before it is read in
   full: at once when ``Content-Length`` says so, else as soon as the bytes
   received pass the limit (the handler reading the body gets
   :class:`BodyTooLarge`, an :class:`~proxy.api.errors.APIError`);
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -60,28 +62,32 @@ def declared_length(scope: Scope) -> int | None:
 class Guard:
     """ASGI middleware; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, path_limits: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.limit = max_body_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.limit)
         length = declared_length(scope)
-        if length is not None and length > self.limit:
-            await _send_error(send, BodyTooLarge(self.limit), {})
+        if length is not None and length > limit:
+            await _send_error(send, BodyTooLarge(limit), {})
             return
         watch = StartWatch(send)
         try:
-            await self.app(scope, self._limited(receive), watch)
+            await self.app(scope, self._limited(receive, limit), watch)
         except ClientDisconnect:
             logger.debug("client left while sending %s %s", scope["method"], scope["path"])
         except Exception:
             await self._failed(scope, send, watch.started)
 
-    def _limited(self, receive: Receive) -> Receive:
-        """``receive``, raising :class:`BodyTooLarge` once the body passes the limit."""
+    def _limited(self, receive: Receive, limit: int) -> Receive:
+        """``receive``, raising :class:`BodyTooLarge` once the body passes ``limit``."""
         seen = 0
 
         async def limited() -> Message:
@@ -89,8 +95,8 @@ class Guard:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         return limited

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
+from proxy.batch.lines import job_line
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.turns import sentence
 
@@ -48,6 +49,14 @@ def budget_change_body(engine: str, c: BudgetChange, offset: float) -> dict[str,
     }
 
 
+def _batch_line(job_id: str) -> dict[str, Any] | None:
+    """The Batch API job and line a decision's work belongs to, if any."""
+    found = job_line(job_id)
+    if found is None:
+        return None
+    return {"id": found[0], "custom_id": found[1], "attempt": found[2]}
+
+
 def log_body(admission: Admission, limit: int) -> dict[str, Any]:
     """The most recent decisions, oldest first, with wall-clock times; and the most
     recent moves of the budgets (``budget``), each with the numbers it judged."""
@@ -65,6 +74,7 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
                 "admitted": d.admitted,
                 "reason": d.reason.value if d.reason else None,
                 "budget": d.budget,
+                "batch": _batch_line(d.job_id),
             }
             for d in decisions
         ],

@@ -6,6 +6,8 @@ line through the scheduler as batch-class work.
   (several replicas share the jobs).
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
 - :mod:`proxy.batch.runner`: drives every active job; its metrics.
+- :mod:`proxy.batch.estimate`: when a job will be done, from recent throughput.
+- :mod:`proxy.batch.view`: the active jobs on ``/metrics`` and ``/status``.
 - :mod:`proxy.batch.routes`: the HTTP routes.
 """
 
@@ -21,6 +23,7 @@ from proxy.batch.routes import BatchAPI, install_batch_routes
 from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import BatchStore
+from proxy.batch.view import EstimateCollector
 from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
 
@@ -51,6 +54,7 @@ async def build_batch(
         window=settings.batch_window,
         max_attempts=settings.batch_max_attempts,
         backoff_s=settings.batch_retry_backoff_s,
+        max_lines=settings.batch_max_lines,
         lease_s=settings.batch_lease_s,
     )
     runner = BatchRunner(
@@ -59,6 +63,8 @@ async def build_batch(
         BatchMetrics(metrics.registry, metrics.batch_records),
         limits,
         time.time,
+        models_known,
         owner=f"{socket.gethostname()}-{os.getpid()}",
     )
+    metrics.registry.register(EstimateCollector(runner))
     return BatchAPI(settings, store, runner)

@@ -15,6 +15,7 @@ from proxy.batch.store import Json, LineError, LineResult, LineSpec
 from proxy.scheduler import TrafficClass
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+USAGE = ("prompt_tokens", "completion_tokens")
 
 
 def check_line(raw: bytes, number: int, endpoint: str) -> LineSpec:
@@ -52,6 +53,20 @@ def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec
         yield check_line(raw, number, endpoint)
 
 
+def job_id(batch_id: str, custom_id: str, attempt: int) -> str:
+    """The scheduler's id for a try of a job's line: ``<batch id>/<custom_id>/<try>``."""
+    return f"{batch_id}/{custom_id}/{attempt}"
+
+
+def job_line(job: str) -> tuple[str, str, int] | None:
+    """(batch id, custom_id, try) of an id made by :func:`job_id`, else None."""
+    batch_id, _, rest = job.partition("/")
+    custom_id, _, attempt = rest.rpartition("/")
+    if not batch_id.startswith("batch_") or not custom_id or not attempt.isdigit():
+        return None
+    return batch_id, custom_id, int(attempt)
+
+
 def line_request(body: Json, endpoint: str) -> ChatRequest:
     """The request a line makes, as the batch routes would read it (batch class, one
     whole answer)."""
@@ -73,7 +88,10 @@ def answered(custom_id: str, status: int, body: Json, asked: Json) -> LineResult
         "response": {"status_code": status, "request_id": _request_id(), "body": body},
         "error": None,
     }
-    return LineResult(ok, json.dumps(line), quality(asked, body) if ok else "")
+    usage = body.get("usage") if ok else None
+    tokens = [usage.get(k) if isinstance(usage, dict) else 0 for k in USAGE]
+    prompt, completion = (t if isinstance(t, int) else 0 for t in tokens)
+    return LineResult(ok, json.dumps(line), quality(asked, body) if ok else "", prompt, completion)
 
 
 def failed(custom_id: str, code: str, message: str) -> LineResult:

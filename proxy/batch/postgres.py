@@ -11,7 +11,8 @@ and its job queue.
   lines it runs, and releases what it did not run. A replica that dies stops
   renewing; its lines are claimed again once their lease runs out.
 - **Exactly once**: :meth:`PostgresStore.record` stores a result only where none
-  is, in one transaction with the job's counts (as SQLite's). :meth:`finalize`
+  is, in one transaction with the job's counts (as SQLite's); the records that
+  arrive while one is written are written together (group commit). :meth:`finalize`
   takes the job's row lock; a job already final is returned as it is, so the
   replicas that race to finalize write its files once.
 - **Schema**: created and migrated at :meth:`PostgresStore.open` under an advisory
@@ -30,6 +31,7 @@ import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from proxy.batch.store import (
     FINAL,
     BatchRecord,
     FileRecord,
+    Json,
     LineError,
     LineResult,
     LineSpec,
@@ -91,10 +94,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
     """,
+    # 2: a failed job's errors (OpenAI's errors.data).
+    "ALTER TABLE batches ADD COLUMN errors jsonb;",
 )
 BATCH_COLUMNS = (
     "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times"
+    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times, "
+    "errors"
 )
 FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
 
@@ -110,12 +116,42 @@ def redacted(dsn: str) -> str:
     return make_conninfo("", **{k: v for k, v in parts.items() if v is not None})
 
 
+RECORD_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(%s::integer[], %s::boolean[], %s::text[], %s::text[])
+        AS t(idx, ok, result, quality)
+), done AS (
+    UPDATE lines l SET ok = i.ok, result = i.result FROM input i
+    WHERE l.batch_id = %s AND l.idx = i.idx AND l.result IS NULL
+    RETURNING l.idx, i.ok, i.quality
+), counted AS (
+    UPDATE batches SET
+        completed = completed + (SELECT count(*) FROM done WHERE ok),
+        failed = failed + (SELECT count(*) FROM done WHERE NOT ok),
+        valid = valid + (SELECT count(*) FROM done WHERE quality = 'valid'),
+        invalid = invalid + (SELECT count(*) FROM done WHERE quality = 'invalid')
+    WHERE id = %s AND EXISTS (SELECT FROM done)
+)
+SELECT idx FROM done
+"""
+
+
+@dataclass
+class _Record:
+    """One :meth:`PostgresStore.record` call waiting for its group's transaction."""
+
+    idx: int
+    result: LineResult
+    done: bool = False
+    stored: bool = False
+
+
 def _batch(row: Any) -> BatchRecord:
     return BatchRecord(
         id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
         status=row[4], created_at=row[5], expires_at=row[6], metadata=row[7], total=row[8],
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
-        output_file_id=row[13], error_file_id=row[14], times=row[15],
+        output_file_id=row[13], error_file_id=row[14], times=row[15], errors=row[16],
     )  # fmt: skip
 
 
@@ -139,6 +175,8 @@ class PostgresStore:
             kwargs={"autocommit": True},  # a statement is its own transaction, else
         )  # conn.transaction() says where one begins and ends
         self._spool: Path | None = None
+        self._queued: dict[str, list[_Record]] = {}  # records waiting, by job
+        self._flushing: dict[str, anyio.Lock] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -230,7 +268,10 @@ class PostgresStore:
 
     @asynccontextmanager
     async def local_file(self, file_id: str) -> AsyncIterator[Path]:
-        """A local copy of the file (in the spool folder) for as long as the block runs."""
+        """A local copy of the file (in the spool folder) for as long as the block runs;
+        :class:`FileNotFoundError` where the file is gone."""
+        if await self.get_file(file_id) is None:
+            raise FileNotFoundError(file_id)
         path = self.spool_path()
         try:
             with path.open("wb") as f:
@@ -256,6 +297,72 @@ class PostgresStore:
             total = await _copy_lines(conn, new.id, lines)
             await conn.execute("UPDATE batches SET total = %s WHERE id = %s", (total, new.id))
         found = await self.get_batch(new.id)
+        assert found is not None
+        return found
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        now = self._stamp()
+        await self._count(
+            "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
+            "created_at, expires_at, metadata) VALUES (%s, %s, %s, %s, 'validating', %s, %s, %s)",
+            (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
+             now + new.window_s, Jsonb(dict(new.metadata)) if new.metadata else None),
+        )  # fmt: skip
+        return await self._found(new.id)
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        """Under the job's row lock: replicas that validate the job at once fill it
+        once (the others find it no longer ``validating`` and leave it)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT status, total FROM batches WHERE id = %s FOR UPDATE", (batch_id,)
+            )
+            row = await cur.fetchone()
+            # Validating; or cancelled while validating (its lines still go in, as on SQLite).
+            if row is not None and (row[0] == "validating" or (row[0] not in FINAL and not row[1])):
+                await conn.execute("DELETE FROM lines WHERE batch_id = %s", (batch_id,))
+                total = await _copy_lines(conn, batch_id, lines)
+                await conn.execute(
+                    "UPDATE batches SET total = %s, status = CASE status WHEN 'validating' "
+                    "THEN 'in_progress' ELSE status END, "
+                    "times = times || jsonb_build_object('in_progress_at', %s::bigint) "
+                    "WHERE id = %s",
+                    (total, self._stamp(), batch_id),
+                )
+        return await self._found(batch_id)
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        await self._count(
+            "UPDATE batches SET status = 'failed', errors = %s, "
+            "times = times || jsonb_build_object('failed_at', %s::bigint) WHERE id = %s",
+            (Jsonb(errors), self._stamp(), batch_id),
+        )
+        return await self._found(batch_id)
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+            cur = await conn.execute(
+                "SELECT idx, custom_id FROM lines WHERE batch_id = %s AND result IS NULL",
+                (batch_id,),
+            )
+            rest = await cur.fetchall()
+            results = [line_for(custom_id) for _, custom_id in rest]
+            cur = await conn.execute(
+                "UPDATE lines l SET ok = i.ok, result = i.result "
+                "FROM unnest(%s::integer[], %s::boolean[], %s::text[]) AS i(idx, ok, result) "
+                "WHERE l.batch_id = %s AND l.idx = i.idx AND l.result IS NULL",
+                ([i for i, _ in rest], [r.ok for r in results], [r.line for r in results],
+                 batch_id),
+            )  # fmt: skip
+            expired = cur.rowcount
+            await conn.execute(
+                "UPDATE batches SET failed = failed + %s WHERE id = %s", (expired, batch_id)
+            )
+            return expired
+
+    async def _found(self, batch_id: str) -> BatchRecord:
+        found = await self.get_batch(batch_id)
         assert found is not None
         return found
 
@@ -322,22 +429,40 @@ class PostgresStore:
         return await self._count(sql, (batch_id, owner))
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
-        count = "completed" if result.ok else "failed"
-        extra = f", {result.quality} = {result.quality} + 1" if result.quality else ""
-        sql = (
-            "WITH done AS (UPDATE lines SET ok = %s, result = %s WHERE batch_id = %s "
-            "AND idx = %s AND result IS NULL RETURNING 1) "
-            f"UPDATE batches SET {count} = {count} + 1{extra} "
-            "WHERE id = %s AND EXISTS (SELECT FROM done) RETURNING 1"
-        )
+        """Group commit: the records that arrive while one is being written go in the
+        next transaction together (one statement), each told whether it was stored."""
+        mine = _Record(idx, result)
+        self._queued.setdefault(batch_id, []).append(mine)
+        async with self._flushing.setdefault(batch_id, anyio.Lock()):
+            if not mine.done:
+                group, self._queued[batch_id] = self._queued[batch_id], []
+                try:
+                    await self._record_group(batch_id, group)
+                except BaseException:  # the others go in the next group
+                    self._queued[batch_id][:0] = [r for r in group if r is not mine]
+                    raise
+        return mine.stored
+
+    async def _record_group(self, batch_id: str, group: list[_Record]) -> None:
+        first: dict[int, _Record] = {}
+        for r in group:
+            first.setdefault(r.idx, r)  # the same line twice: the later one is not stored
+        rows = list(first.values())
+        args = (
+            [r.idx for r in rows], [r.result.ok for r in rows],
+            [r.result.line for r in rows], [r.result.quality for r in rows],
+            batch_id, batch_id,
+        )  # fmt: skip
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
-                # Not waiting for the WAL flush (SQLite's synchronous=NORMAL, likewise):
-                # a crash of the database itself, not of a replica, may forget the last
-                # records, line and counts together; those lines run again.
+                # Not waiting for the WAL flush (as SQLite's synchronous=NORMAL): a
+                # crash of the database itself, not of a replica, may forget the last
+                # records, lines and counts together; those lines run again.
                 await conn.execute("SET LOCAL synchronous_commit = off")
-                cur = await conn.execute(sql, (result.ok, result.line, batch_id, idx, batch_id))
-            return await cur.fetchone() is not None
+                cur = await conn.execute(RECORD_SQL, args)
+            stored = {int(i) for (i,) in await cur.fetchall()}
+        for r in group:
+            r.done, r.stored = True, first[r.idx] is r and r.idx in stored
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         now = self._stamp()
@@ -361,6 +486,10 @@ class PostgresStore:
                     "times = times || jsonb_build_object(%s::text, %s) WHERE id = %s",
                     (status, out_id, err_id, f"{status}_at", now, batch_id),
                 )
+        lock = self._flushing.get(batch_id)
+        if not self._queued.get(batch_id) and (lock is None or not lock.locked()):
+            self._queued.pop(batch_id, None)  # the job's records are all in
+            self._flushing.pop(batch_id, None)
         found = await self.get_batch(batch_id)
         assert found is not None
         return found

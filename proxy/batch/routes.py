@@ -1,8 +1,9 @@
 """The Files API (purpose ``batch``) and the Batch API, OpenAI's routes and shapes.
 
-Every route checks the API key as the completion routes do. A batch is checked
-whole at creation (every line, the limits) and answers 400 naming the first bad
-line; nothing of a rejected batch is stored.
+Every route checks the API key as the completion routes do. Creating a batch
+checks the request and the input file's record (400); the job is then stored
+``validating`` and the runner reads its lines (a bad line fails the job with
+OpenAI's ``errors``, as at OpenAI).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -22,7 +23,7 @@ from starlette.datastructures import UploadFile
 
 from proxy.api.errors import APIError, bad_request
 from proxy.api.inputs import check_api_key
-from proxy.batch.lines import ENDPOINTS, read_lines
+from proxy.batch.lines import ENDPOINTS
 from proxy.batch.runner import BatchRunner
 from proxy.batch.shapes import batch_object, file_object, page, window_seconds
 from proxy.batch.store import (
@@ -30,10 +31,9 @@ from proxy.batch.store import (
     BatchStore,
     FileRecord,
     Json,
-    LineError,
-    LineSpec,
     NewBatch,
 )
+from proxy.batch.view import jobs_body
 from proxy.config import Settings
 
 R = TypeVar("R", FileRecord, BatchRecord)
@@ -69,17 +69,28 @@ def not_found(what: str, ident: str) -> APIError:
 
 
 def install_batch_routes(app: FastAPI, get: Getter) -> None:
-    """``/v1/files...`` and ``/v1/batches...``; ``get`` finds the running :class:`BatchAPI`."""
+    """``/v1/files...``, ``/v1/batches...`` and ``/status/batches`` (the status
+    page's batch section); ``get`` finds the running :class:`BatchAPI`."""
     _file_routes(app, get)
     _batch_routes(app, get)
     _read_routes(
         app, get, "/v1/files", "file",
-        lambda store: store.list_files, lambda store: store.get_file, file_object,
+        lambda store: store.list_files, lambda store: store.get_file,
+        lambda _, record: file_object(record),
     )  # fmt: skip
     _read_routes(
         app, get, "/v1/batches", "batch",
-        lambda store: store.list_batches, lambda store: store.get_batch, batch_object,
+        lambda store: store.list_batches, lambda store: store.get_batch, _batch_object,
     )  # fmt: skip
+
+    @app.get("/status/batches", include_in_schema=False)
+    async def status_batches(request: Request) -> JSONResponse:
+        api = get(request)
+        return JSONResponse(await jobs_body(api.runner if api is not None else None))
+
+
+def _batch_object(api: BatchAPI, record: BatchRecord) -> Json:
+    return batch_object(record, api.runner.estimate(record))
 
 
 def _limit(request: Request) -> int:
@@ -96,7 +107,7 @@ def _read_routes(
     what: str,
     lister: Callable[[BatchStore], Callable[[str | None, int], Awaitable[list[R]]]],
     getter: Callable[[BatchStore], Callable[[str], Awaitable[R | None]]],
-    render: Callable[[R], Json],
+    render: Callable[[BatchAPI, R], Json],
 ) -> None:
     """``GET path`` (a page: ``after``, ``limit``) and ``GET path/{id}`` of ``what``."""
 
@@ -104,14 +115,15 @@ def _read_routes(
     async def listing(request: Request) -> JSONResponse:
         api, limit = _api(request, get), _limit(request)
         found = await lister(api.store)(request.query_params.get("after"), limit + 1)
-        return JSONResponse(page([render(x) for x in found], limit))
+        return JSONResponse(page([render(api, x) for x in found], limit))
 
     @app.get(path + "/{ident}", name=f"get_{what}")
     async def one(request: Request, ident: str) -> JSONResponse:
-        found = await getter(_api(request, get).store)(ident)
+        api = _api(request, get)
+        found = await getter(api.store)(ident)
         if found is None:
             raise not_found(what, ident)
-        return JSONResponse(render(found))
+        return JSONResponse(render(api, found))
 
 
 def _file_routes(app: FastAPI, get: Getter) -> None:
@@ -170,7 +182,8 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
     @app.post("/v1/batches")
     async def create(request: Request) -> JSONResponse:
         api = _api(request, get)
-        return JSONResponse(batch_object(await _create(api, await _read_body(request))))
+        created = await _create(api, await _read_body(request))
+        return JSONResponse(_batch_object(api, created))
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel(request: Request, batch_id: str) -> JSONResponse:
@@ -182,7 +195,7 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
         if not moved and found.status not in ("cancelling", "cancelled"):
             raise bad_request(f"A batch that is `{found.status}` cannot be cancelled.")
         api.runner.cancel(batch_id)
-        return JSONResponse(batch_object(found))
+        return JSONResponse(_batch_object(api, found))
 
 
 async def _create(api: BatchAPI, body: Json) -> BatchRecord:
@@ -198,18 +211,12 @@ async def _create(api: BatchAPI, body: Json) -> BatchRecord:
     ):
         raise bad_request("`metadata` must map strings to strings.", param="metadata")
     file_id = body.get("input_file_id")
-    found = await _input_file(api, file_id)
+    await _input_file(api, file_id)
     meta: Mapping[str, str] | None = metadata
     new = NewBatch(
         f"batch_{uuid.uuid4().hex}", str(endpoint), str(file_id), str(window), window_s, meta
     )
-    try:
-        async with api.store.local_file(found.id) as path:
-            return await api.store.create_batch(
-                new, _lines(path, str(endpoint), api.settings.batch_max_lines)
-            )
-    except LineError as exc:
-        raise bad_request(f"Input file `{file_id}`: {exc}", param="input_file_id") from exc
+    return await api.store.add_batch(new)
 
 
 async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:
@@ -237,8 +244,3 @@ async def _read_body(request: Request) -> Json:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     return body
-
-
-def _lines(path: Path, endpoint: str, max_lines: int) -> Iterator[LineSpec]:
-    with path.open("rb") as f:
-        yield from read_lines(f, endpoint, max_lines)

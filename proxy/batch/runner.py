@@ -11,6 +11,11 @@ through the same door as a ``/batch/v1/...`` request (admission → engine → r
 :meth:`proxy.api.forward.Forwarder.complete`); an engine error (5xx, 429) is
 retried with backoff up to ``max_attempts``, then recorded in the error file.
 
+A job starts ``validating``: its first step reads the input file line by line into
+the store (a bad line fails the job with OpenAI's ``errors``), then it runs
+``in_progress``. A job that runs out of its window ends ``expired``: the lines
+with no result get an error line with code ``batch_expired``.
+
 A line's result is recorded once (see :mod:`proxy.batch.store`); a line whose
 answer came but was not recorded before a crash runs again after the restart:
 that is the one place an engine call may repeat, and so is a line whose lease ran
@@ -30,12 +35,15 @@ import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.api.inputs import ChatRequest
-from proxy.batch.lines import answered, line_request
+from proxy.batch.estimate import Estimate, Throughput
+from proxy.batch.lines import answered, failed, job_id, line_request, read_lines
+from proxy.batch.shapes import line_errors
 from proxy.batch.store import (
     STATUSES,
     BatchRecord,
     BatchStore,
     Json,
+    LineError,
     LineResult,
     PendingLine,
 )
@@ -50,17 +58,30 @@ class RunnerLimits:
     max_attempts: int = 3
     backoff_s: float = 0.5
     poll_s: float = 0.2
+    max_lines: int = 50_000
     lease_s: float = 30.0
 
 
+EXPIRED = "This request could not be executed before the completion window expired."
+
+
 class BatchMetrics:
-    """``whoseturn_batch_jobs{status}`` (registered here) and
-    ``whoseturn_batch_records_total{status}`` (the proxy's metrics own it)."""
+    """``whoseturn_batch_jobs{status}`` and ``whoseturn_batch_tokens_total{kind}``
+    (registered here) and ``whoseturn_batch_records_total{status}`` (the proxy's
+    metrics own it)."""
 
     def __init__(self, registry: CollectorRegistry, records: Counter) -> None:
         self.jobs = Gauge(
             "whoseturn_batch_jobs", "Batch jobs by status", ["status"], registry=registry
         )
+        self.tokens = Counter(
+            "whoseturn_batch_tokens",
+            "Tokens of batch job lines (engine usage)",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ("prompt", "completion"):
+            self.tokens.labels(kind)
         self.records = records
 
     def set_jobs(self, counts: dict[str, int]) -> None:
@@ -70,8 +91,9 @@ class BatchMetrics:
     def count(self, result: LineResult) -> None:
         if result.quality:
             self.records.labels(result.quality).inc()
-        if not result.ok:
-            self.records.labels("failed").inc()
+        self.records.labels("completed" if result.ok else "failed").inc()
+        self.tokens.labels("prompt").inc(result.prompt_tokens)
+        self.tokens.labels("completion").inc(result.completion_tokens)
 
 
 class _Run:
@@ -107,12 +129,22 @@ class BatchRunner:
         self._now = now
         self._runs: dict[str, _Run | None] = {}
         self._held: dict[str, set[int]] = {}  # lines claimed here, not yet recorded
+        self.throughput = Throughput()
+        self.active: list[BatchRecord] = []  # as of the last poll
+
+    def estimate(self, batch: BatchRecord) -> Estimate | None:
+        """The estimate for an active job (None for a job that has ended)."""
+        if batch.status not in ("validating", "in_progress"):
+            return None
+        remaining = batch.total - batch.completed - batch.failed
+        return self.throughput.estimate(batch.id, remaining, batch.expires_at, self._now())
 
     async def run(self) -> None:
         """Forever: start every active job not yet driven; keep the jobs gauge."""
         async with anyio.create_task_group() as group:
             while True:
-                for batch in await self.store.active_batches():
+                self.active = await self.store.active_batches()
+                for batch in self.active:
                     if batch.id not in self._runs:
                         self._runs[batch.id] = None
                         group.start_soon(self._job, batch.id)
@@ -128,6 +160,10 @@ class BatchRunner:
     async def _job(self, batch_id: str) -> None:
         try:
             final = await self._drive(batch_id)
+            if final is None:
+                return
+            if final == "expired":
+                await self.store.expire_pending(batch_id, _expired_line)
             done = await self.store.finalize(batch_id, final)
             logger.info(
                 "batch %s %s: %d ok, %d failed of %d",
@@ -138,11 +174,33 @@ class BatchRunner:
             await anyio.sleep(1.0)
         finally:
             self._runs.pop(batch_id, None)
+            self.throughput.end(batch_id)
 
-    async def _drive(self, batch_id: str) -> str:
-        """Run the job's remaining lines; the status to finalize with."""
+    async def _validate(self, batch: BatchRecord) -> bool:
+        """The job's input file read into the store; False if it failed the job."""
+        try:
+            async with self.store.local_file(batch.input_file_id) as path:
+                with path.open("rb") as f:
+                    lines = read_lines(f, batch.endpoint, self.limits.max_lines)
+                    await self.store.fill_batch(batch.id, lines)
+        except LineError as exc:
+            await self.store.fail_batch(batch.id, line_errors(exc))
+            return False
+        except OSError:
+            why = LineError(0, f"The input file `{batch.input_file_id}` is gone.")
+            await self.store.fail_batch(batch.id, line_errors(why))
+            return False
+        return True
+
+    async def _drive(self, batch_id: str) -> str | None:
+        """Run the job's remaining lines; the status to finalize with (None: the job
+        failed validation, nothing to finalize)."""
         batch = await self.store.get_batch(batch_id)
         assert batch is not None
+        if batch.status == "validating":
+            if not await self._validate(batch):
+                return None
+            return await self._drive(batch_id)
         if batch.status != "in_progress":
             return {"finalizing": "completed", "cancelling": "cancelled"}[batch.status]
         try:
@@ -185,8 +243,13 @@ class BatchRunner:
     async def _feed(self, batch: BatchRecord) -> None:
         room = anyio.Semaphore(self.limits.window)
         async with anyio.create_task_group() as group:
+            begun = False
             while True:
                 page = await self._next_page(batch.id)
+                if page and not begun:
+                    model = str(page[0].body.get("model", ""))
+                    self.throughput.begin(batch.id, model, self._now())
+                    begun = True
                 for line in page:
                     await room.acquire()
                     group.start_soon(self._line, batch, line, room)
@@ -214,6 +277,9 @@ class BatchRunner:
             with anyio.CancelScope(shield=True):
                 if await self.store.record(batch.id, line.idx, result):
                     self.metrics.count(result)
+                    usable = result.ok and result.quality != "invalid"
+                    model = str(line.body.get("model", ""))
+                    self.throughput.add(self._now(), batch.id, model, usable)
         finally:
             self._held.get(batch.id, set()).discard(line.idx)
             room.release()
@@ -222,8 +288,7 @@ class BatchRunner:
         req = line_request(line.body, batch.endpoint)
         status, body = 0, Json()
         for attempt in range(1, self.limits.max_attempts + 1):
-            job_id = f"{batch.id}/{line.custom_id}/{attempt}"
-            status, body = await self.complete(req, job_id)
+            status, body = await self.complete(req, job_id(batch.id, line.custom_id, attempt))
             if status < 500 and status != 429:
                 break
             logger.warning(
@@ -232,3 +297,7 @@ class BatchRunner:
             if attempt < self.limits.max_attempts:
                 await anyio.sleep(self.limits.backoff_s * 2 ** (attempt - 1))
         return answered(line.custom_id, status, body, line.body)
+
+
+def _expired_line(custom_id: str) -> LineResult:
+    return failed(custom_id, "batch_expired", EXPIRED)

@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.batch.store import BatchRecord, FileRecord, Json
+from proxy.batch.estimate import Estimate
+from proxy.batch.store import BatchRecord, FileRecord, Json, LineError
 
 TIMES = (
     "in_progress_at", "finalizing_at", "completed_at", "failed_at",
@@ -37,14 +38,15 @@ def file_object(record: FileRecord) -> Json:
     }
 
 
-def batch_object(record: BatchRecord) -> Json:
+def batch_object(record: BatchRecord, estimate: Estimate | None = None) -> Json:
     """OpenAI's batch object; ``request_counts`` also carries ``valid`` and
-    ``invalid`` (structured answers checked), beside OpenAI's three counts."""
+    ``invalid`` (structured answers checked), beside OpenAI's three counts, and
+    ``whoseturn`` the estimate of an active job (else None)."""
     body: Json = {
         "id": record.id,
         "object": "batch",
         "endpoint": record.endpoint,
-        "errors": None,
+        "errors": {"object": "list", "data": record.errors} if record.errors else None,
         "input_file_id": record.input_file_id,
         "completion_window": record.completion_window,
         "status": record.status,
@@ -62,7 +64,16 @@ def batch_object(record: BatchRecord) -> Json:
         "metadata": dict(record.metadata) if record.metadata else None,
     }
     body.update({name: record.times.get(name) for name in TIMES})
+    body["whoseturn"] = estimate.body() if estimate is not None else None
     return body
+
+
+def line_errors(error: LineError) -> list[Json]:
+    """OpenAI's ``errors.data`` for a job whose input file failed validation."""
+    code = "invalid_line" if error.line else "invalid_file"
+    return [
+        {"code": code, "message": str(error), "param": "input_file_id", "line": error.line or None}
+    ]
 
 
 def page(data: Sequence[Json], limit: int) -> Json:

@@ -28,6 +28,7 @@ from proxy.batch.store import (
     FINAL,
     BatchRecord,
     FileRecord,
+    Json,
     LineError,
     LineResult,
     LineSpec,
@@ -37,7 +38,7 @@ from proxy.batch.store import (
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -49,7 +50,7 @@ CREATE TABLE batches (
     expires_at INTEGER NOT NULL, metadata TEXT, total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
     valid INTEGER NOT NULL DEFAULT 0, invalid INTEGER NOT NULL DEFAULT 0,
-    output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}'
+    output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}', errors TEXT
 );
 CREATE TABLE lines (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
@@ -58,9 +59,12 @@ CREATE TABLE lines (
 );
 CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
 """
+# Each step moves a database from the version before it to the next one.
+MIGRATIONS = {2: "ALTER TABLE batches ADD COLUMN errors TEXT;"}
 BATCH_COLUMNS = (
     "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times"
+    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times, "
+    "errors"
 )
 FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
 
@@ -72,6 +76,7 @@ def _batch(row: Any) -> BatchRecord:
         status=row[4], created_at=row[5], expires_at=row[6], metadata=meta, total=row[8],
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
         output_file_id=row[13], error_file_id=row[14], times=json.loads(row[15]),
+        errors=json.loads(row[16]) if row[16] else None,
     )  # fmt: skip
 
 
@@ -104,9 +109,11 @@ class SQLiteStore:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
             db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-        elif version != SCHEMA_VERSION:
+        elif version not in range(1, SCHEMA_VERSION + 1):
             db.close()
             raise RuntimeError(f"{self.path}: batch store schema {version} is not known")
+        for step in range(version + 1, SCHEMA_VERSION + 1) if version else ():
+            db.executescript(f"BEGIN; {MIGRATIONS[step]} PRAGMA user_version={step}; COMMIT;")
         return db
 
     async def open(self) -> None:
@@ -197,6 +204,69 @@ class SQLiteStore:
 
         await self._run(create)
         found = await self.get_batch(new.id)
+        assert found is not None
+        return found
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        now = self._stamp()
+
+        def add(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
+                "status, created_at, expires_at, metadata) "
+                "VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+                (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
+                 now + new.window_s, json.dumps(new.metadata) if new.metadata else None),
+            )  # fmt: skip
+
+        await self._run(add)
+        return await self._found(new.id)
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        def fill(db: sqlite3.Connection) -> None:
+            with _tx(db):
+                db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
+                total = _insert_lines(db, batch_id, lines)
+                db.execute(
+                    "UPDATE batches SET total = ?, status = CASE status WHEN 'validating' "
+                    "THEN 'in_progress' ELSE status END, times = json_set(times, "
+                    "'$.in_progress_at', ?) WHERE id = ?",
+                    (total, self._stamp(), batch_id),
+                )
+
+        await self._run(fill)
+        return await self._found(batch_id)
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        def fail(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE batches SET status = 'failed', errors = ?, "
+                "times = json_set(times, '$.failed_at', ?) WHERE id = ?",
+                (json.dumps(errors), self._stamp(), batch_id),
+            )
+
+        await self._run(fail)
+        return await self._found(batch_id)
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        def expire(db: sqlite3.Connection) -> int:
+            with _tx(db):
+                sql = "SELECT idx, custom_id FROM lines WHERE batch_id = ? AND result IS NULL"
+                rest = db.execute(sql, (batch_id,)).fetchall()
+                for idx, custom_id in rest:
+                    result = line_for(custom_id)
+                    db.execute(
+                        "UPDATE lines SET ok = ?, result = ? WHERE batch_id = ? AND idx = ?",
+                        (int(result.ok), result.line, batch_id, idx),
+                    )
+                sql = "UPDATE batches SET failed = failed + ? WHERE id = ?"
+                db.execute(sql, (len(rest), batch_id))
+                return len(rest)
+
+        return await self._run(expire)
+
+    async def _found(self, batch_id: str) -> BatchRecord:
+        found = await self.get_batch(batch_id)
         assert found is not None
         return found
 

@@ -9,6 +9,8 @@ runner builds *exactly once* on:
   transaction, or nothing (a bad line raises :class:`LineError`).
 - :meth:`BatchStore.record` stores a line's result and the job's counts in one
   transaction, only if the line had no result yet; it says whether it did.
+- :meth:`BatchStore.fill_batch` stores a ``validating`` job's lines and moves it
+  to ``in_progress`` in one transaction, or stores nothing (:class:`LineError`).
 - :meth:`BatchStore.finalize` writes the output and error files from the recorded
   lines and sets the final status in one transaction; run again after a crash, it
   writes the same files under the same ids; on a job already final it changes
@@ -19,13 +21,14 @@ leases each line to one ``owner`` (a runner) for ``lease_s`` seconds; no other
 owner gets a line while its lease is live. The owner renews the leases of the
 lines it is running (:meth:`BatchStore.renew`) and hands back those it did not run
 (:meth:`BatchStore.release`); a line whose lease ran out (its owner died) is
-claimed again. On PostgreSQL several replicas share the queue; on SQLite the one
-process holds every lease (in memory: a restart forgets them).
+claimed again. On PostgreSQL several replicas share the queue (and
+:meth:`BatchStore.fill_batch` fills a job once however many replicas try); on
+SQLite the one process holds every lease (in memory: a restart forgets them).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,11 +82,14 @@ class PendingLine:
 class LineResult:
     """A line's outcome: ``ok`` lines go to the output file, the others to the error
     file; ``line`` is the whole JSONL line; ``quality`` is ``valid``/``invalid``
-    where the line asked for structured output, else empty."""
+    where the line asked for structured output, else empty; the tokens are the
+    answer's ``usage``."""
 
     ok: bool
     line: str
     quality: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     times: Mapping[str, int | None] = field(default_factory=dict)
+    errors: list[Json] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,30 @@ class BatchStore(Protocol):
         ...
 
     def local_file(self, file_id: str) -> AbstractAsyncContextManager[Path]:
-        """A local path holding the file's bytes while the block runs."""
+        """A local path holding the file's bytes while the block runs (an
+        :class:`OSError` where the file is gone)."""
         ...
 
     async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
         """Store the job and its lines; raises :class:`LineError` (nothing stored)."""
+        ...
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        """Store the job alone, ``validating``: its lines come with :meth:`fill_batch`."""
+        ...
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        """Store a ``validating`` job's lines and its total, and move it to
+        ``in_progress``; raises :class:`LineError` (nothing stored, still ``validating``)."""
+        ...
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        """Move the job to ``failed`` with OpenAI's ``errors.data`` items."""
+        ...
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        """Record ``line_for(custom_id)`` for every line without a result (counted as
+        failed), in one transaction; how many."""
         ...
 
     async def get_batch(self, batch_id: str) -> BatchRecord | None: ...

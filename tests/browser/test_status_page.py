@@ -8,6 +8,8 @@
   four engines, served through Playwright's request interception: every engine
   gets its card with its turn and held reason, and the page says
   ``reconnecting`` while ``/turn`` is unreachable and recovers after.
+- The batch section, from the real :func:`~proxy.batch.view.job_row` of three
+  jobs: one on time, one whose window is out of reach, one still validating.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -29,6 +31,9 @@ from playwright.sync_api import Page, Route
 from proxy.admission import Admission
 from proxy.api.status import install_status_route
 from proxy.api.turn import log_body, turn_body
+from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
+from proxy.batch.store import BatchRecord, BatchStore
+from proxy.batch.view import job_row
 from proxy.clock import VirtualClock
 from proxy.scheduler import (
     BudgetSettings,
@@ -342,6 +347,8 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
             route.fulfill(status=200, headers=dict(status.headers), body=status.content)
         elif offline.is_set():
             route.abort("connectionrefused")
+        elif path == "/status/batches":
+            route.fulfill(json={"enabled": False, "jobs": []})
         elif path.startswith("/turn/log"):
             route.fulfill(json=log_body(admission, 14))
         elif path.startswith("/turn"):
@@ -382,3 +389,73 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     page.wait_for_selector('#connection[data-state="live"]', timeout=5000)
     wait_turn(page, "engine-a", "batch", 3)
     assert not strays, strays
+
+
+# -- the batch section ----------------------------------------------------------------
+
+
+def batch_rows() -> list[dict[str, Any]]:
+    """Three active jobs at t=1000, rows made by the real code: ``batch_fast`` did a
+    record a second for 100 s (100 left: done at 1100, window to 5000);
+    ``batch_slow`` 8 records in its first 10 s (10,000 left at 0.8/s: 13,500, window
+    to 2000); ``batch_new`` is still validating (nothing known)."""
+    runner = BatchRunner(
+        cast(BatchStore, None), cast(Complete, None), cast(BatchMetrics, None),
+        RunnerLimits(), lambda: 1000.0,
+    )  # fmt: skip
+    runner.throughput.begin("batch_fast", "m", 900.0)
+    for i in range(100):
+        runner.throughput.add(900.0 + i, "batch_fast", "m", usable=True)
+    runner.throughput.begin("batch_slow", "n", 990.0)
+    for i in range(8):
+        runner.throughput.add(990.0 + i, "batch_slow", "n", usable=i < 4)
+
+    def job(batch_id: str, status: str, total: int, done: int, expires_at: int) -> BatchRecord:
+        return BatchRecord(
+            batch_id, "/v1/chat/completions", "file-x", "24h", status, 900, expires_at,
+            None, total, done, 0,
+        )  # fmt: skip
+
+    jobs = [
+        job("batch_fast", "in_progress", 200, 100, 5000),
+        job("batch_slow", "in_progress", 10_008, 8, 2000),
+        job("batch_new", "validating", 0, 0, 5000),
+    ]
+    return [job_row(runner, b) for b in jobs]
+
+
+def test_status_page_shows_batch_jobs_and_a_window_out_of_reach(page: Page) -> None:
+    app = FastAPI()
+    install_status_route(app)
+    status = TestClient(app).get("/status")
+    rows = batch_rows()
+
+    def handle(route: Route) -> None:
+        path = route.request.url.removeprefix("http://whoseturn.test")
+        if path == "/status":
+            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
+        elif path == "/status/batches":
+            route.fulfill(json={"enabled": True, "jobs": rows})
+        elif path.startswith("/turn/log"):
+            route.fulfill(json={"budget": [], "decisions": []})
+        elif path.startswith("/turn"):
+            route.fulfill(json={"time": 1000.0, "engines": []})
+        else:
+            route.abort("blockedbyclient")
+
+    page.route("**/*", handle)
+    page.goto("http://whoseturn.test/status")
+    page.wait_for_selector('#batch-jobs tr[data-batch="batch_new"]', timeout=5000)
+    assert page.is_visible("#batches") and not page.is_visible("#batches-empty")
+    reach = page.eval_on_selector_all(
+        "#batch-jobs tbody tr", "els => els.map(el => [el.dataset.batch, "
+        "el.querySelector('.eta').dataset.reachable, el.children[2].textContent, "
+        "el.children[3].textContent])",
+    )  # fmt: skip
+    assert reach == [
+        ["batch_fast", "true", "100 / 200 (50%)", "3,600"],
+        ["batch_slow", "false", "8 / 10,008 (0%)", "2,880"],
+        ["batch_new", "unknown", "reading the file", "—"],
+    ]
+    assert "after the window" in page.inner_text('tr[data-batch="batch_slow"] .eta')
+    assert "after the window" not in page.inner_text('tr[data-batch="batch_fast"] .eta')

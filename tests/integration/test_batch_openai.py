@@ -113,9 +113,10 @@ def test_whole_cycle(client: openai.OpenAI, proxy: ProxyServer) -> None:
     )
     lines.append(chat_line("lost", model="no-such-model"))
     created = submit(client, lines)
-    assert created.status == "in_progress" and created.metadata == {"team": "tests"}
+    assert created.status == "validating" and created.metadata == {"team": "tests"}
     done = wait_done(client, created.id)
     assert done.status == "completed", done
+    assert done.in_progress_at is not None and done.in_progress_at >= created.created_at
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (15, 14)
     assert done.request_counts.failed == 1
@@ -171,7 +172,14 @@ def test_expiry_keeps_partial_output(client: openai.OpenAI) -> None:
     created = submit(client, lines, window="1s")
     done = wait_done(client, created.id, timeout_s=10)
     assert done.status == "expired" and done.expired_at is not None
-    assert done.request_counts is not None and done.request_counts.completed < MAX_LINES
+    counts = done.request_counts
+    assert counts is not None and counts.completed < MAX_LINES
+    assert counts.completed + counts.failed == counts.total == MAX_LINES
+    out, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert len(out) == counts.completed and len(errors) == counts.failed
+    assert sorted(x["custom_id"] for x in out + errors) == sorted(x["custom_id"] for x in lines)
+    expired = [x for x in errors if x["error"] and x["error"]["code"] == "batch_expired"]
+    assert len(expired) == counts.failed and all(x["response"] is None for x in expired)
 
 
 def test_file_routes(client: openai.OpenAI) -> None:
@@ -222,10 +230,17 @@ BAD_LINES: list[tuple[list[Any], str]] = [
 
 
 @pytest.mark.parametrize(("lines", "message"), BAD_LINES)
-def test_bad_input_lines_are_400(client: openai.OpenAI, lines: list[Any], message: str) -> None:
+def test_bad_lines_fail_the_job(client: openai.OpenAI, lines: list[Any], message: str) -> None:
+    """As at OpenAI: the job is created ``validating``, then ``failed`` with ``errors``."""
     uploaded = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
-    with pytest.raises(openai.BadRequestError, match=message):
-        client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    created = client.batches.create(
+        input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h"
+    )
+    assert created.status == "validating"
+    done = wait_done(client, created.id)
+    assert done.status == "failed" and done.failed_at is not None and done.errors is not None
+    assert done.errors.data is not None and message in str(done.errors.data[0].message)
+    assert done.output_file_id is None
 
 
 @pytest.mark.parametrize(
@@ -284,3 +299,47 @@ def test_the_proxys_api_keys_guard_the_batch_routes(tmp_path: Path, shared_sim: 
                 file=("k.jsonl", jsonl([chat_line("a")])), purpose="batch"
             )
             assert client.files.retrieve(uploaded.id).id == uploaded.id
+
+
+def test_a_running_job_is_seen_on_status_metrics_and_the_decision_log(
+    client: openai.OpenAI, pair: tuple[SimServer, ProxyServer]
+) -> None:
+    """A short job runs first, so the model has a measured rate: the long job that
+    follows carries an estimate from its first moments, on ``/v1/batches``,
+    ``/status/batches`` and ``/metrics``; the decision log names each line's job."""
+    sim, proxy = pair
+    short = wait_done(
+        client, submit(client, [chat_line(f"s-{i}", max_tokens=4) for i in range(12)]).id
+    )
+    assert short.status == "completed"
+    log = proxy.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
+    named = {d["batch"]["custom_id"] for d in log if (d["batch"] or {}).get("id") == short.id}
+    assert named == {f"s-{i}" for i in range(12)}
+    assert all(d["batch"] is None for d in log if not d["request_id"].startswith("batch_"))
+    assert proxy.metric("whoseturn_batch_tokens_total", kind="completion") >= 12 * 4
+    assert proxy.metric("whoseturn_batch_records_total", status="completed") >= 12
+
+    lines = [chat_line(f"l-{i}", max_tokens=400, min_tokens=400) for i in range(MAX_LINES)]
+    long = submit(client, lines)
+
+    def row() -> dict[str, Any] | None:
+        jobs = proxy.http.get("/status/batches").json()["jobs"]
+        found = [j for j in jobs if j["id"] == long.id and j["estimated_completion_at"]]
+        return found[0] if found else None
+
+    proxy.wait_for(lambda: row() is not None, timeout=10)
+    seen = row()
+    assert seen is not None and seen["status"] == "in_progress" and seen["total"] == MAX_LINES
+    assert seen["records_per_hour"] > 0 and seen["window_reachable"] is True
+    assert seen["estimated_completion_at"] <= seen["expires_at"]
+    retrieved = client.batches.retrieve(long.id).model_dump()
+    assert retrieved["whoseturn"]["records_per_hour"] > 0
+    assert retrieved["whoseturn"]["window_reachable"] is True
+    eta = "whoseturn_batch_estimated_completion_timestamp_seconds"
+    assert proxy.metric(eta, batch=long.id) >= long.created_at
+    proxy.wait_for(lambda: proxy.metric("whoseturn_batch_jobs", status="in_progress") >= 1)
+    client.batches.cancel(long.id)
+    wait_done(client, long.id, timeout_s=10)
+    assert client.batches.retrieve(long.id).model_dump()["whoseturn"] is None
+    assert not [j for j in proxy.http.get("/status/batches").json()["jobs"] if j["id"] == long.id]
+    sim.wait_for(lambda: sim.requests_running() == 0, timeout=5)

@@ -7,6 +7,10 @@ prometheus``, which brings ``promtool`` too) with a configuration made from
 ``deploy/prometheus/prometheus.yml`` — its job names and rule file, with the test's
 targets and 1-second intervals. A missing binary fails the tests; it never skips
 them. Logs go to ``artifacts/prometheus/``.
+
+The proxy has the Batch API on, and a Batch API job (``BATCH_JOB_LINES`` short
+lines, half of them asking for JSON output) runs through the load and after it, so
+the batch panels (jobs, records, valid ratio, the estimate) have series to show.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yml"
 ENGINE = "engine-a"
 TIME_SCALE = 20.0
 LOAD_S = 6.0
+BATCH_JOB_LINES = 20_000  # outlasts the test: the estimate exists while a job runs
 INTERVAL = "1s"
 
 
@@ -102,7 +107,10 @@ def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
     budget = {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096}
     engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget}
     intervals = {"health_interval_s": 0.2, "scrape_interval_s": 0.2}
-    command = serve_command(workdir / "whoseturn.yaml", port=port, engines=[engine], **intervals)
+    store = str(workdir / "batch.db")
+    command = serve_command(
+        workdir / "whoseturn.yaml", port=port, engines=[engine], batch_store_path=store, **intervals
+    )
     with logged_child("proxy", command, ARTIFACTS, cwd=ROOT) as proxy:
         url = loopback_url(port)
         wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
@@ -252,6 +260,27 @@ def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
     until_stopped(url, stop, 60, send)
 
 
+def start_batch_job(url: str) -> str:
+    """A Batch API job through the official routes; its id."""
+    lines = []
+    for i in range(BATCH_JOB_LINES):
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]}
+        body["max_tokens"] = 8
+        if i % 2:
+            body["response_format"] = {"type": "json_object"}
+        line = {"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions"}
+        lines.append(json.dumps({**line, "body": body}) + "\n")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        files = {"file": ("job.jsonl", "".join(lines).encode())}
+        uploaded = http.post("/v1/files", files=files, data={"purpose": "batch"})
+        assert uploaded.status_code == 200, uploaded.text
+        ask = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        made = http.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], **ask})
+        assert made.status_code == 200, made.text
+        batch_id: str = made.json()["id"]
+        return batch_id
+
+
 def drive_mixed_load(url: str, seconds: float) -> None:
     """Three chat streamers and three batch senders for ``seconds``; re-raises the
     first error a worker met."""
@@ -300,6 +329,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         engine_url = stack.enter_context(run_sim())
         proxy_url = stack.enter_context(run_proxy(engine_url, workdir))
         prometheus = stack.enter_context(run_prometheus(proxy_url, engine_url, workdir))
+        start_batch_job(proxy_url)
         drive_mixed_load(proxy_url, LOAD_S)
         prometheus.wait_for_records(record_names(), timeout=20)
         found = Live(prometheus, proxy_url, engine_url, checked={})

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio.from_thread
@@ -244,6 +245,25 @@ async def test_a_body_at_the_limit_is_served() -> None:
     async with running(engines.settings(max_body_bytes=4096), engines) as (client, _):
         response = await client.post(CHAT, content=raw, headers=JSON_TYPE)
     assert len(raw) == 4096 and response.status_code == 200
+
+
+async def test_a_batch_upload_has_the_files_limit_not_the_body_limit(tmp_path: Path) -> None:
+    """An input file over ``max_body_bytes`` but within ``batch_max_file_bytes`` is
+    taken; a completion body of that size is not; an upload over the file limit is."""
+    engines = FakeEngines()
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": valid_body(CHAT)})
+    data = ((line + "\n") * 200).encode()
+    limits = {"max_body_bytes": 4096, "batch_max_file_bytes": len(data) + 10}
+    config = engines.settings(batch_store_path=str(tmp_path / "b.db"), **limits)
+    async with running(config, engines) as (client, _):
+        files = {"file": ("in.jsonl", data)}
+        taken = await client.post("/v1/files", files=files, data={"purpose": "batch"})
+        refused = await client.post(CHAT, content=data, headers=JSON_TYPE)
+        bigger = {"file": ("in.jsonl", data * 2)}
+        too_big = await client.post("/v1/files", files=bigger, data={"purpose": "batch"})
+    assert len(data) > 4096 and taken.status_code == 200 and taken.json()["bytes"] == len(data)
+    assert_openai_error(refused, 413)
+    assert_openai_error(too_big, 413)
 
 
 # -- properties -------------------------------------------------------------------------

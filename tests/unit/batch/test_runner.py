@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy.api.inputs import ChatRequest
-from proxy.batch.lines import read_lines
+from proxy.batch.lines import job_id, job_line, read_lines
 from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
@@ -112,6 +112,128 @@ async def test_no_line_is_fed_before_the_engines_models_are_known(tmp_path: Path
     assert asked[:5] == [0] * 5
     assert sum(engine.tries.values()) == 3
     await store.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def drive_until(
+    store: SQLiteStore, runner: BatchRunner, batch_id: str, status: str, step: Any = None
+) -> None:
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner.run)
+            while True:
+                batch = await store.get_batch(batch_id)
+                if batch is not None and batch.status == status:
+                    break
+                if step is not None:
+                    await step(batch)
+                await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+
+
+def bare_runner(store: SQLiteStore, complete: Any, clock: Any = lambda: 0.0) -> BatchRunner:
+    registry = CollectorRegistry()
+    records = Counter("records", "r", ["status"], registry=registry)
+    limits = RunnerLimits(window=4, max_attempts=1, backoff_s=0.001, poll_s=0.01, max_lines=5)
+    return BatchRunner(store, complete, BatchMetrics(registry, records), limits, clock)
+
+
+async def upload(store: SQLiteStore, tmp_path: Path, data: bytes) -> str:
+    source = tmp_path / "upload"
+    source.write_bytes(data)
+    return (await store.add_file("batch", "in.jsonl", source)).id
+
+
+async def test_a_job_is_validated_as_its_first_step(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "b.db", lambda: 0.0)
+    await store.open()
+    file_id = await upload(store, tmp_path, jsonl(3))
+    added = await store.add_batch(NewBatch("batch_ok", CHAT, file_id, "24h", 86400, None))
+    assert added.status == "validating"
+    await drive_until(store, bare_runner(store, Engine({}).complete), "batch_ok", "completed")
+    done = await store.get_batch("batch_ok")
+    assert done is not None and (done.total, done.completed) == (3, 3)
+    assert done.times["in_progress_at"] == 0 and done.errors is None
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "line", "message"),
+    [
+        (jsonl(2) + b"[1]\n", 3, "Line 3: expected a JSON object"),
+        (jsonl(6), 6, "more than the limit of 5 requests"),
+        (b"\n", None, "no requests"),
+    ],
+)
+async def test_a_bad_input_file_fails_the_job_with_openais_errors(
+    tmp_path: Path, data: bytes, line: int | None, message: str
+) -> None:
+    store = SQLiteStore(tmp_path / "b.db", lambda: 0.0)
+    await store.open()
+    engine = Engine({})
+    file_id = await upload(store, tmp_path, data)
+    await store.add_batch(NewBatch("batch_bad", CHAT, file_id, "24h", 86400, None))
+    await drive_until(store, bare_runner(store, engine.complete), "batch_bad", "failed")
+    failed = await store.get_batch("batch_bad")
+    assert failed is not None and failed.errors is not None and not engine.tries
+    [error] = failed.errors
+    assert error["line"] == line and message in error["message"]
+    assert failed.output_file_id is None and failed.times["failed_at"] == 0
+    await store.close()
+
+
+async def test_expiry_writes_an_error_line_for_each_unfinished_line(tmp_path: Path) -> None:
+    """Two lines answer; the others hang until the injected clock passes the window."""
+    clock = Clock()
+    store = SQLiteStore(tmp_path / "b.db", clock)
+    await store.open()
+    file_id = await upload(store, tmp_path, jsonl(5))
+    await store.add_batch(NewBatch("batch_exp", CHAT, file_id, "1h", 3600, None))
+
+    async def complete(req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+        if job_id.split("/")[1] in ("c0", "c1"):
+            return 200, OK
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def step(batch: Any) -> None:
+        if batch is not None and batch.completed == 2:
+            clock.now = 3600.0
+
+    await drive_until(store, bare_runner(store, complete, clock), "batch_exp", "expired", step)
+    done = await store.get_batch("batch_exp")
+    assert done is not None and (done.completed, done.failed, done.total) == (2, 3, 5)
+    assert done.times["expired_at"] == 3600 and done.error_file_id is not None
+    errors = [json.loads(x) for x in store.file_path(done.error_file_id).read_text().splitlines()]
+    assert [x["custom_id"] for x in errors] == ["c2", "c3", "c4"]
+    assert {x["error"]["code"] for x in errors} == {"batch_expired"}
+    assert all(x["response"] is None for x in errors)
+    assert done.output_file_id is not None
+    assert len(store.file_path(done.output_file_id).read_text().splitlines()) == 2
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        (job_id("batch_1", "c0", 1), ("batch_1", "c0", 1)),
+        (job_id("batch_1", "a/b/3", 2), ("batch_1", "a/b/3", 2)),  # a custom_id with slashes
+        ("chatcmpl-123", None),
+        ("batch_1/c0/x", None),
+        ("other/c0/1", None),
+    ],
+)
+def test_the_decision_log_reads_a_lines_job_and_custom_id_back(
+    job: str, expected: tuple[str, str, int] | None
+) -> None:
+    assert job_line(job) == expected
 
 
 @pytest.mark.integration

@@ -62,8 +62,46 @@ async def content(store: BatchStore, file_id: str | None) -> str:
 
 async def test_sqlite_schema_is_versioned_and_wal(sqlite_store: SQLiteStore) -> None:
     with sqlite3.connect(sqlite_store.path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_a_version_1_store_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> None:
+    old = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
+    await old.open()
+    await new_job(old, 2)
+    await old.close()
+    with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 1: no `errors`
+        db.execute("ALTER TABLE batches DROP COLUMN errors")
+        db.execute("PRAGMA user_version = 1")
+    store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
+    await store.open()
+    batch = await store.get_batch("batch_1")
+    assert batch is not None and (batch.total, batch.errors) == (2, None)
+    failed = await store.fail_batch("batch_1", [{"code": "x", "message": "m"}])
+    assert failed.errors == [{"code": "x", "message": "m"}]
+    await store.close()
+
+
+@pytest.mark.integration
+async def test_a_version_1_postgres_store_is_migrated_and_keeps_its_jobs(
+    postgres_db: str,
+) -> None:
+    old = PostgresStore(postgres_db, lambda: 1000.0, pool_size=2)
+    await old.open()
+    await new_job(old, 2)
+    await old.close()
+    with psycopg.connect(postgres_db, autocommit=True) as conn:  # back to schema 1
+        conn.execute("ALTER TABLE batches DROP COLUMN errors")
+        conn.execute("UPDATE schema_version SET version = 1")
+    store = PostgresStore(postgres_db, lambda: 1000.0, pool_size=2)
+    await store.open()
+    assert await store.schema_version() == len(MIGRATIONS) == 2
+    batch = await store.get_batch("batch_1")
+    assert batch is not None and (batch.total, batch.errors) == (2, None)
+    failed = await store.fail_batch("batch_1", [{"code": "x", "message": "m"}])
+    assert failed.errors == [{"code": "x", "message": "m"}]
+    await store.close()
 
 
 async def test_an_unknown_sqlite_schema_version_stops_the_store(tmp_path: Path) -> None:
@@ -84,12 +122,59 @@ async def test_a_line_is_recorded_once(store: BatchStore) -> None:
     assert [p.idx for p in await store.pending_lines("batch_1", 1, 1)] == [3]
 
 
+async def test_records_at_once_are_each_stored_once(store: BatchStore) -> None:
+    """64 lines recorded at once, each twice (an ok and a failed result): each line is
+    stored once, the first of its two calls says so, the counts add up."""
+    await new_job(store, 64)
+    said: dict[tuple[int, bool], bool] = {}
+
+    async def put(idx: int, ok: bool) -> None:
+        said[(idx, ok)] = await store.record("batch_1", idx, LineResult(ok, f"{idx}"))
+
+    async with anyio.create_task_group() as group:
+        for idx in range(1, 65):
+            group.start_soon(put, idx, idx % 3 != 0)
+            group.start_soon(put, idx, idx % 3 == 0)
+    assert all(said[(i, True)] != said[(i, False)] for i in range(1, 65))
+    batch = await store.get_batch("batch_1")
+    assert batch is not None
+    stored_ok = sum(said[(i, True)] for i in range(1, 65))
+    assert (batch.completed, batch.failed) == (stored_ok, 64 - stored_ok)
+    assert await store.claim("batch_1", "a", 100, 30) == []
+
+
 async def test_a_bad_job_stores_nothing(store: BatchStore) -> None:
     bad = jsonl(2) + b"\n" + jsonl(1)  # c0 again on line 4 (after a blank one)
     new = NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None)
     with pytest.raises(LineError, match="Line 4: duplicate custom_id `c0`"):
         await store.create_batch(new, read_lines(io.BytesIO(bad), CHAT, 1000))
     assert await store.get_batch("batch_2") is None
+
+
+async def test_a_job_is_validating_until_its_lines_are_stored(store: BatchStore) -> None:
+    added = await store.add_batch(NewBatch("batch_3", CHAT, "file-x", "24h", 86400, None))
+    assert (added.status, added.total, added.expires_at) == ("validating", 0, 1000 + 86400)
+    assert "in_progress_at" not in added.times
+    bad = jsonl(2) + b"{not json\n"
+    with pytest.raises(LineError, match="Line 3"):
+        await store.fill_batch("batch_3", read_lines(io.BytesIO(bad), CHAT, 1000))
+    still = await store.get_batch("batch_3")
+    assert still is not None and (still.status, still.total) == ("validating", 0)
+    assert await store.pending_lines("batch_3", 0, 10) == []
+    filled = await store.fill_batch("batch_3", read_lines(io.BytesIO(jsonl(4)), CHAT, 1000))
+    assert (filled.status, filled.total, filled.times["in_progress_at"]) == ("in_progress", 4, 1000)
+    assert [p.idx for p in await store.pending_lines("batch_3", 0, 10)] == [1, 2, 3, 4]
+
+
+async def test_expiry_records_an_error_line_for_each_line_left(store: BatchStore) -> None:
+    await new_job(store, 3)
+    await store.record("batch_1", 2, LineResult(True, '{"custom_id": "c1"}'))
+    assert await store.expire_pending("batch_1", lambda c: LineResult(False, c)) == 2
+    assert await store.pending_lines("batch_1", 0, 10) == []
+    done = await store.finalize("batch_1", "expired")
+    assert (done.completed, done.failed, done.status) == (1, 2, "expired")
+    assert done.error_file_id is not None and done.times["expired_at"] == 1000
+    assert await content(store, done.error_file_id) == "c0\nc2\n"
 
 
 async def test_finalize_twice_writes_the_same_files(store: BatchStore) -> None:

@@ -1,0 +1,73 @@
+"""The running jobs as others see them: their estimate gauges on ``/metrics`` and
+their rows on ``/status`` (``GET /status/batches``).
+
+The metrics read the runner's view of the active jobs as of its last poll (every
+``poll_s``; a scrape does no store I/O), the status rows the store's; both the
+runner's throughput. Reads: nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.batch.runner import BatchRunner
+from proxy.batch.store import BatchRecord, Json
+
+
+def job_row(runner: BatchRunner, batch: BatchRecord) -> Json:
+    """One active job: progress, rate, estimate (``None`` where not measured yet)."""
+    done = batch.completed + batch.failed
+    estimate = runner.estimate(batch)
+    body = estimate.body() if estimate is not None else {}
+    return {
+        "id": batch.id,
+        "status": batch.status,
+        "created_at": batch.created_at,
+        "expires_at": batch.expires_at,
+        "total": batch.total,
+        "completed": batch.completed,
+        "failed": batch.failed,
+        "valid": batch.valid,
+        "invalid": batch.invalid,
+        "progress": done / batch.total if batch.total else 0.0,
+        **body,
+    }
+
+
+async def jobs_body(runner: BatchRunner | None) -> Json:
+    """``GET /status/batches``: ``{"enabled": bool, "jobs": [row, ...]}``, the active
+    jobs oldest first."""
+    if runner is None:
+        return {"enabled": False, "jobs": []}
+    active = await runner.store.active_batches()
+    return {"enabled": True, "jobs": [job_row(runner, b) for b in active]}
+
+
+class EstimateCollector(Collector):
+    """``whoseturn_batch_estimated_completion_timestamp_seconds{batch}`` and
+    ``whoseturn_batch_expires_timestamp_seconds{batch}`` for each active job (a
+    job with no estimate yet has only the second)."""
+
+    def __init__(self, runner: BatchRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[Metric]:
+        eta = GaugeMetricFamily(
+            "whoseturn_batch_estimated_completion_timestamp_seconds",
+            "When an active batch job is estimated to be done (epoch seconds)",
+            labels=["batch"],
+        )
+        expires = GaugeMetricFamily(
+            "whoseturn_batch_expires_timestamp_seconds",
+            "When an active batch job's completion window ends (epoch seconds)",
+            labels=["batch"],
+        )
+        for batch in self.runner.active:
+            expires.add_metric([batch.id], batch.expires_at)
+            estimate = self.runner.estimate(batch)
+            if estimate is not None and estimate.estimated_completion_at is not None:
+                eta.add_metric([batch.id], estimate.estimated_completion_at)
+        yield from (eta, expires)
