@@ -76,6 +76,7 @@ class Job:
     attempts: int = 0
     held: HeldReason | None = None
     beside_batch: bool = False  # interactive: shared its engine with batch prefill
+    reserved: bool = False  # batch: its tokens are reserved in the shared ledger
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,20 @@ class Decision:
     admitted: bool
     reason: HeldReason | None
     budget: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a replica must reserve in the shared ledger before it sends batch job
+    ``job_id`` to ``engine`` (docs/replicas.md): the job's ``tokens``; this
+    replica's reserved batch prompt tokens in prefill there, counting the job
+    (``in_prefill``); the ``budget`` it was admitted under; and whether it was
+    admitted beside interactive prefill on its starvation credit (``beside_interactive``:
+    other replicas' interactive work does not refuse it then)."""
+
+    job_id: str
+    engine: str
+    tokens: int
+    in_prefill: int
+    budget: int
+    beside_interactive: bool
