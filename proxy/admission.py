@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.scheduler import Decision, Dispatch, EngineLoad, Job, Scheduler, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import (
+    Decision,
+    Dispatch,
+    EngineLoad,
+    Job,
+    ReplicaLoad,
+    Reservation,
+    Scheduler,
+    TrafficClass,
+)
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import Second
 from proxy.scheduler.turns import turn_report
@@ -55,6 +65,11 @@ class Admission:
         self._scheduler = scheduler
         self._waiters: dict[str, asyncio.Future[Admitted]] = {}
         self.closed = False
+        self.on_release: Callable[[], None] | None = None  # work left prefill or ended
+
+    def _released(self) -> None:
+        if self.on_release is not None:
+            self.on_release()
 
     async def admit(self, job: Job) -> Admitted:
         """Queue ``job`` and return its dispatch; raises :class:`UnknownModel` if no
@@ -121,6 +136,7 @@ class Admission:
     def first_token(self, job_id: str) -> None:
         self._scheduler.on_first_token(job_id)
         self.pump()
+        self._released()
 
     def token_gap(self, job_id: str, gap_s: float) -> None:
         self._scheduler.on_token_gap(job_id, gap_s)
@@ -128,11 +144,13 @@ class Admission:
     def finished(self, job_id: str) -> None:
         self._scheduler.on_finished(job_id)
         self.pump()
+        self._released()
 
     def abandon(self, job_id: str) -> None:
         """The client left: forget the job wherever it is."""
         self._scheduler.cancel(job_id)
         self.pump()
+        self._released()
 
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""
@@ -157,6 +175,31 @@ class Admission:
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
         self._scheduler.set_engine_models(name, models)
         self.pump()
+
+    def observe_others(self, name: str, others: ReplicaLoad) -> None:
+        self._scheduler.observe_others(name, others)
+        self.pump()
+
+    def put_back(self, job_id: str, others: ReplicaLoad) -> bool:
+        """The ledger refused the job's reservation: it is queued again (the caller
+        waits with :meth:`readmit`); False if it is no longer in prefill."""
+        put = self._scheduler.put_back(job_id, others)
+        if put:
+            self._hold_place(job_id)  # as in :meth:`failed`
+        self.pump()
+        return put
+
+    def add_engine(self, config: EngineConfig) -> None:
+        self._scheduler.add_engine(config)
+        self.pump()
+
+    def drain_engine(self, name: str) -> None:
+        self._scheduler.drain_engine(name)
+        self.pump()
+
+    def remove_engine(self, name: str) -> bool:
+        """Forget a drained engine once nothing runs on it; whether it is gone."""
+        return self._scheduler.remove_engine(name)
 
     def tick(self) -> None:
         """Advance turn accounting and the budget loops, then dispatch what may go."""
@@ -190,6 +233,17 @@ class Admission:
     def interactive_streams(self, engine: str) -> int:
         """Interactive streams decoding on ``engine`` now."""
         return self._scheduler.engines[engine].decode_streams(TrafficClass.INTERACTIVE)
+
+    def own_loads(self) -> dict[str, ReplicaLoad]:
+        """This replica's load on each engine, for the shared ledger."""
+        return self._scheduler.own_loads()
+
+    def reservation(self, job_id: str) -> Reservation | None:
+        """What to reserve in the shared ledger before sending ``job_id`` (batch)."""
+        return self._scheduler.reservation(job_id)
+
+    def mark_reserved(self, job_id: str) -> None:
+        self._scheduler.mark_reserved(job_id)
 
     def report(self) -> list[dict[str, Any]]:
         """Whose turn it is on each engine, and why (see :mod:`proxy.scheduler.turns`)."""

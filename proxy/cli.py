@@ -37,6 +37,9 @@ ENV_VARS = (
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S",
     "WHOSETURN_IDLE_TIMEOUT_S",
     "WHOSETURN_DRAIN_TIMEOUT_S",
+    "WHOSETURN_DNS_INTERVAL_S",
+    "WHOSETURN_LEDGER_DSN",
+    "WHOSETURN_REPLICA_ID",
     "WHOSETURN_BATCH_STORE_PATH",
     "WHOSETURN_BATCH_MIN_SHARE",
     "WHOSETURN_HOLD_TIMEOUT_S",
@@ -130,7 +133,8 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         action="append",
         default=None,
         metavar="URL",
-        help="an engine's base URL (repeat for several)",
+        help="an engine's base URL, or dns+http://NAME:PORT for one engine per address "
+        "NAME resolves to (repeat for several)",
     )
     serve.add_argument("--config", default=None, metavar="FILE", help="YAML settings file")
     serve.add_argument(

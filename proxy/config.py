@@ -19,9 +19,14 @@ typo stops the proxy at start rather than at the first request. Example file::
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     batch_min_share: 0.05         # batch keeps about this share of each engine's prefill
     hold_timeout_s: 10            # a chat in prefill longer than this stops holding batch
+    dns_interval_s: 5             # DNS groups of engines (dns+http://...) resolved again
+    ledger_dsn: postgresql://...  # several replicas share each engine's budget
+                                  # (docs/replicas.md); unset: this replica alone
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
+                                  # url: dns+http://vllm-headless:8000 is a group found
+                                  # by DNS: one engine per address, named NAME-ADDRESS
         models: [tiny]            # default: discovered from the engine's /v1/models
         scheduling_policy: fcfs   # the engine's --scheduling-policy
         max_inflight: 256
@@ -35,7 +40,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
-``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_BATCH_STORE_PATH``,
+``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_DNS_INTERVAL_S``,
+``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_BATCH_STORE_PATH``,
 ``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``.
 """
 
@@ -131,6 +137,12 @@ class EngineConfig:
       cache (``off``, ``on``, ``auto``: when the engine reports prefix caching on);
       ``piece_tokens``: the first piece's size, before the engine's cost is known
       (see docs/scheduling.md).
+
+    A ``url`` of the form ``dns+http://HOST:PORT`` (or ``dns+https://``) is not one
+    engine but a group found by DNS: ``HOST`` is resolved every ``dns_interval_s``
+    and each address ``A`` becomes an engine named ``NAME-A`` at
+    ``http://A:PORT``, with this entry's other settings (see
+    :mod:`proxy.engines._discovery`).
     """
 
     name: str
@@ -159,6 +171,28 @@ class EngineConfig:
         )
         _check(0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]")
 
+    @property
+    def by_dns(self) -> bool:
+        """Whether this entry is a group of engines found by DNS (``dns+http://``)."""
+        return self.url.startswith(DNS_SCHEME_PREFIX)
+
+    def at_address(self, address: str) -> EngineConfig:
+        """The engine of this DNS group at ``address`` (an IP address)."""
+        parts = urlsplit(self.url.removeprefix(DNS_SCHEME_PREFIX))
+        host = f"[{address}]" if ":" in address else address
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        url = f"{parts.scheme}://{netloc}{parts.path}"
+        return dataclasses.replace(self, name=f"{self.name}-{address}", url=url)
+
+    @property
+    def dns_host_port(self) -> tuple[str, int]:
+        """The name to resolve and the port, of a DNS group."""
+        parts = urlsplit(self.url.removeprefix(DNS_SCHEME_PREFIX))
+        default = 443 if parts.scheme == "https" else 80
+        return parts.hostname or "", parts.port or default
+
+
+DNS_SCHEME_PREFIX = "dns+"
 
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
@@ -203,6 +237,14 @@ class Settings:
     # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
     batch_min_share: float = 0.05
     hold_timeout_s: float = 10.0
+    dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
+
+    # Several replicas, one budget (docs/replicas.md): off while no ledger DSN is set.
+    ledger_dsn: str = field(default="", repr=False)
+    ledger_interval_s: float = 0.1  # publish this replica's load, read the others'
+    ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
+    ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
+    replica_id: str = ""  # this replica's name in the ledger (default: host, pid, random)
 
     # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
     # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
@@ -272,11 +314,11 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
     _known(_fields(EngineConfig), data, where)
     body = dict(data)
     url = str(body.get("url", "")).rstrip("/")
-    parts = urlsplit(url)
+    parts = urlsplit(url.removeprefix(DNS_SCHEME_PREFIX))
     _check(
-        parts.scheme in ("http", "https") and bool(parts.netloc),
+        parts.scheme in ("http", "https") and bool(parts.hostname),
         f"{where}.url",
-        f"expected http(s)://host:port, got {url!r}",
+        f"expected http(s)://host:port or dns+http(s)://name:port, got {url!r}",
     )
     budget = _budget(body.pop("budget", {}) or {}, where, targets)
     models = body.pop("models", ()) or ()
@@ -373,6 +415,13 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "first_byte_timeout_s and idle_timeout_s must be positive",
     )
     _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+    _check(settings.dns_interval_s > 0, "dns_interval_s", "must be positive")
+    _check(
+        0 < settings.ledger_interval_s < settings.ledger_lease_s,
+        "ledger_interval_s",
+        "must be positive and below ledger_lease_s",
+    )
+    _check(settings.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
@@ -407,6 +456,9 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
+    "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
+    "WHOSETURN_LEDGER_DSN": ("ledger_dsn", str),
+    "WHOSETURN_REPLICA_ID": ("replica_id", str),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
     "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
     "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),

@@ -99,6 +99,11 @@ class SchedulerCollector(Collector):
         decode = _gauge(
             "whoseturn_decode_inflight_requests", "Streams in decode", "engine", "class"
         )
+        others = _gauge(
+            "whoseturn_replicas_batch_prefill_tokens",
+            "Other proxy replicas' batch prompt tokens in prefill, from the shared ledger",
+            "engine",
+        )
         up = _gauge("whoseturn_engine_up", "1 if the engine is in service", "engine")
         info = _gauge(
             "whoseturn_engine_info",
@@ -111,9 +116,10 @@ class SchedulerCollector(Collector):
             for c in TrafficClass:
                 prefill.add_metric([e.name, c.value], e.prefill_tokens(c))
                 decode.add_metric([e.name, c.value], e.decode_streams(c))
+            others.add_metric([e.name], e.others.batch_prefill_tokens)
             up.add_metric([e.name], 1.0 if e.up else 0.0)
             info.add_metric([e.name, self.engine_urls.get(e.name, "")], 1.0)
-        yield from (budget, prefill, decode, up, info)
+        yield from (budget, prefill, decode, others, up, info)
 
     def _queues(self) -> Iterator[Metric]:
         depth = _gauge("whoseturn_queue_depth", "Requests waiting in the proxy", "class")
@@ -172,7 +178,9 @@ class ProxyMetrics:
         )
         ttft = {TrafficClass.INTERACTIVE: ttft_target_s}
         gap = {TrafficClass.INTERACTIVE: gap_target_s}
-        self.registry.register(SchedulerCollector(scheduler, ttft, gap, engine_urls or {}))
+        self.registry.register(
+            SchedulerCollector(scheduler, ttft, gap, engine_urls if engine_urls is not None else {})
+        )
         self._create_children(scheduler)
 
     def _histogram(

@@ -8,8 +8,10 @@ lifecycle.
   background loops.
 - **run**: the engine monitor (health, load scrapes), the tick loop (turn
   accounting and the budget loops move on when no request does; it may dispatch)
-  late model discovery for engines that were unreachable at start, and the batch
-  runner.
+  late model discovery for engines that were unreachable at start or joined later,
+  DNS discovery of engine groups (``dns+http://`` URLs: engines join and leave,
+  :mod:`proxy.engines._discovery`), the shared budget's ledger loop when several
+  replicas share the engines (:mod:`proxy.replicas`), and the batch runner.
 - **shutdown** (:func:`shutdown`): the loops are cancelled and awaited, then the
   HTTP client is closed.
 
@@ -22,10 +24,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from uuid import uuid4
 
 import httpx
 
@@ -37,8 +42,17 @@ from proxy.api.relay import ReadTimeouts, Services
 from proxy.batch import BatchAPI, build_batch
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
-from proxy.engines import EngineMonitor, EnginePool, UpstreamError, make_http_client
+from proxy.engines import (
+    EngineDiscovery,
+    EngineMonitor,
+    EnginePool,
+    Resolver,
+    UpstreamError,
+    make_http_client,
+    resolve_addresses,
+)
 from proxy.metrics import ProxyMetrics
+from proxy.replicas import Ledger, SharedBudget
 from proxy.scheduler import HoldRules, Scheduler, SchedulerSettings
 
 logger = logging.getLogger(__name__)
@@ -60,6 +74,8 @@ class ProxyState:
     metrics: ProxyMetrics
     counter: PromptCounter
     forwarder: Forwarder
+    discovery: EngineDiscovery
+    shared: SharedBudget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     batch: BatchAPI | None = None
@@ -71,18 +87,79 @@ async def _engines(settings: Settings, pool: EnginePool) -> list[EngineConfig]:
     engines = [
         dataclasses.replace(c, models=tuple(c.models or found.get(c.name, ())))
         for c in settings.engines
+        if not c.by_dns
     ]
     for e in engines:
         logger.info("engine %s serves %s", e.name, sorted(e.models) or "nothing (unreachable?)")
     return engines
 
 
+@dataclass
+class Fleet:
+    """Engines joining and leaving (DNS discovery), told to every part that keeps one
+    entry per engine."""
+
+    pool: EnginePool
+    monitor: EngineMonitor
+    admission: Admission
+    urls: dict[str, str]
+
+    def join(self, config: EngineConfig) -> None:
+        self.pool.add(config)
+        self.monitor.add(config.name)
+        self.urls[config.name] = config.url
+        self.admission.add_engine(config)
+
+    def leave(self, name: str) -> None:
+        self.admission.drain_engine(name)
+
+    def forget(self, name: str) -> bool:
+        if not self.admission.remove_engine(name):
+            return False
+        self.monitor.remove(name)
+        self.pool.remove(name)
+        self.urls.pop(name, None)
+        return True
+
+
+def _shared_budget(
+    settings: Settings, admission: Admission, pool: EnginePool, ledger: Ledger | None
+) -> SharedBudget | None:
+    """The shared budget of several replicas: on ``ledger`` if given (tests), else on
+    PostgreSQL at ``ledger_dsn``; None without either (one replica alone)."""
+    if ledger is None and settings.ledger_dsn:
+        from proxy.replicas.postgres import PostgresLedger  # psycopg loads only when used
+
+        replica = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:6]}"
+        ledger = PostgresLedger(
+            settings.ledger_dsn,
+            replica,
+            lease_s=settings.ledger_lease_s,
+            timeout_s=settings.ledger_timeout_s,
+        )
+    if ledger is None:
+        return None
+
+    def url_of(name: str) -> str | None:
+        engine = pool.engines.get(name)
+        return engine.url if engine is not None else None
+
+    shared = SharedBudget(ledger, admission, url_of, interval_s=settings.ledger_interval_s)
+    admission.on_release = shared.nudge
+    return shared
+
+
 async def build(
-    settings: Settings, transport: httpx.AsyncBaseTransport | None, clock: Clock
+    settings: Settings,
+    transport: httpx.AsyncBaseTransport | None,
+    clock: Clock,
+    resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
 ) -> ProxyState:
-    """Every part, wired; nothing runs yet. ``transport`` replaces the network (tests)."""
+    """Every part, wired; nothing runs yet. ``transport`` replaces the network,
+    ``resolver`` the DNS and ``ledger`` the shared budget's store (tests)."""
     http = make_http_client(settings, transport)
-    pool = EnginePool(settings.engines, http)
+    pool = EnginePool([c for c in settings.engines if not c.by_dns], http)
     scheduler = Scheduler(
         await _engines(settings, pool),
         clock,
@@ -95,20 +172,27 @@ async def build(
     )
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)
-    urls = {c.name: c.url for c in settings.engines}
+    urls = {c.name: c.url for c in settings.engines if not c.by_dns}
     metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
+    discovery = EngineDiscovery(settings.engines, resolver, Fleet(pool, monitor, admission, urls))
+    await discovery.resolve_once()
     counter = PromptCounter(pool, admission.engines_up_for)
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
+    shared = _shared_budget(settings, admission, pool, ledger)
     aim = settings.engines[0].budget.aim if settings.engines else 0.8
     pieces = Piecer(
         list(settings.engines), pool, admission, clock, metrics.registry,
         target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
     )  # fmt: skip
-    forwarder = Forwarder(settings, pool, monitor, services, pieces)
-    state = ProxyState(
-        settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder
+    forwarder = Forwarder(
+        settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )
+    state = ProxyState(
+        settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
+        discovery, shared,
+    )  # fmt: skip
+    await _discover_models(state)
     state.batch = await build_batch(
         settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
     )
@@ -123,31 +207,45 @@ async def _tick(admission: Admission) -> None:
 
 
 async def _discover_late(state: ProxyState) -> None:
-    """Ask engines that were unreachable at start which models they serve."""
+    """Ask engines that were unreachable at start, or joined since, which models
+    they serve."""
     while True:
         await asyncio.sleep(DISCOVER_S)
-        for name in state.admission.engines_without_models():
-            if not state.monitor.up.get(name):
-                continue
-            try:
-                models = await state.pool.client_for(name).models()
-            except UpstreamError as exc:
-                logger.warning("engine %s: model discovery failed: %s", name, exc)
-                continue
-            logger.info("engine %s serves %s", name, models)
-            state.admission.set_engine_models(name, models)
+        await _discover_models(state)
+
+
+async def _discover_models(state: ProxyState) -> None:
+    for name in state.admission.engines_without_models():
+        if not state.monitor.up.get(name) or name not in state.pool.engines:
+            continue
+        try:
+            models = await state.pool.client_for(name).models()
+        except UpstreamError as exc:
+            logger.warning("engine %s: model discovery failed: %s", name, exc)
+            continue
+        logger.info("engine %s serves %s", name, models)
+        state.admission.set_engine_models(name, models)
 
 
 async def startup(state: ProxyState) -> None:
-    """One round of health checks and load scrapes, then the background loops."""
+    """One round of health checks and load scrapes (and the shared ledger opened and
+    read), then the background loops."""
     await state.monitor.check_once()
     if state.forwarder.pieces is not None:
         await state.forwarder.pieces.discover()
-    state.tasks = [
+    if state.shared is not None:
+        await state.shared.ledger.open()
+        await state.shared.sync_once()
+        state.tasks.append(asyncio.create_task(state.shared.run(), name="whoseturn-ledger"))
+    state.tasks += [
         asyncio.create_task(state.monitor.run(), name="whoseturn-monitor"),
         asyncio.create_task(_tick(state.admission), name="whoseturn-tick"),
         asyncio.create_task(_discover_late(state), name="whoseturn-discover"),
     ]
+    if state.discovery.groups:
+        interval = state.settings.dns_interval_s
+        task = asyncio.create_task(state.discovery.run(interval), name="whoseturn-dns")
+        state.tasks.append(task)
     if state.batch is not None:
         state.tasks.append(asyncio.create_task(state.batch.runner.run(), name="whoseturn-batch"))
 
@@ -161,6 +259,8 @@ async def shutdown(state: ProxyState) -> None:
             await task
     if state.batch is not None:
         await state.batch.store.close()
+    if state.shared is not None:
+        await state.shared.ledger.close()
     await state.http.aclose()
 
 
@@ -170,9 +270,11 @@ async def running(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Clock | None = None,
+    resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
 ) -> AsyncIterator[ProxyState]:
     """The proxy from startup to shutdown, around the block."""
-    state = await build(settings, transport, clock or WallClock())
+    state = await build(settings, transport, clock or WallClock(), resolver, ledger)
     try:
         await startup(state)
         yield state

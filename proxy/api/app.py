@@ -25,6 +25,8 @@ from proxy.batch import install_batch_routes
 from proxy.batch.routes import FORM_SLACK_BYTES
 from proxy.clock import Clock
 from proxy.config import Settings
+from proxy.engines import Resolver, resolve_addresses
+from proxy.replicas import Ledger
 from proxy.scheduler import TrafficClass
 from proxy.server import ProxyState, running
 
@@ -34,13 +36,19 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Clock | None = None,
+    resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
 ) -> FastAPI:
     """The proxy. ``transport`` replaces the upstream network (tests); ``clock`` the
-    wall clock. Its lifespan runs :func:`proxy.server.running`."""
+    wall clock; ``resolver`` the DNS look-ups of engine groups; ``ledger`` the shared
+    budget's store (else PostgreSQL at ``ledger_dsn``, if set). Its lifespan runs
+    :func:`proxy.server.running`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running(settings, transport=transport, clock=clock) as state:
+        async with running(
+            settings, transport=transport, clock=clock, resolver=resolver, ledger=ledger
+        ) as state:
             app.state.proxy = state
             yield
 

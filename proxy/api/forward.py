@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -99,6 +99,11 @@ class Opened:
         return self.admitted.engine
 
 
+Reserve = Callable[[str], Awaitable[bool]]
+"""``await reserve(job_id)``: True to send the dispatched batch job, False if it was
+queued again (:meth:`proxy.replicas.SharedBudget.reserve`)."""
+
+
 class Forwarder:
     """The request path of the completion routes, from the client's request to the
     engine's answer."""
@@ -109,12 +114,14 @@ class Forwarder:
         pool: EnginePool,
         monitor: EngineMonitor,
         services: Services,
+        reserve: Reserve | None = None,
         pieces: Piecer | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.monitor = monitor
         self.services = services
+        self.reserve = reserve
         self.pieces = pieces
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
@@ -201,6 +208,8 @@ class Forwarder:
         while True:
             admitted = await self._wait(ticket, retried, pieced)
             retried = True
+            if not await self._reserved(ticket):
+                continue  # queued again: the shared budget refused it (batch only)
             try:
                 return await self._connect(ticket, admitted)
             except BaseException as exc:
@@ -236,6 +245,17 @@ class Forwarder:
                 self.monitor.answered(admitted.engine)
                 return Opened(admitted, response, stack)
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _reserved(self, ticket: Ticket) -> bool:
+        """With several replicas, the job's tokens reserved in the shared budget
+        (docs/replicas.md); False if it was queued again instead."""
+        if self.reserve is None or ticket.req.cls is not TrafficClass.BATCH:
+            return True
+        try:
+            return await self.reserve(ticket.id)
+        except BaseException:
+            self.services.admission.abandon(ticket.id)  # the client left meanwhile
+            raise
 
     def _open_failed(self, ticket: Ticket, admitted: Admitted, exc: BaseException) -> None:
         """Returns if the job was queued again for another engine; else raises what

@@ -168,10 +168,12 @@ class Piecer:
         if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
             return None
         up = self.admission.engines_up_for(req.model)
+        if not up or not all(name in self.board for name in up):
+            return None  # an engine found by DNS: not pieced (its settings are not here)
         for name in up:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
-        if not up or not all(self.board[name].enabled for name in up):
+        if not all(self.board[name].enabled for name in up):
             return None
         facts = self.board[up[0]]
         if ticket.count.tokens <= facts.piece_tokens:

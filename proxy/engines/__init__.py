@@ -3,11 +3,13 @@
 One :class:`httpx.AsyncClient` (from :func:`make_http_client`) is shared by an
 :class:`EnginePool`; each engine is an :class:`EngineClient`; an
 :class:`EngineMonitor` keeps the scheduler's view of engine health and load
-current. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
+current; an :class:`EngineDiscovery` keeps engine groups found by DNS in step
+with their names. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
 ``proxy/engines/_exceptions.py``).
 """
 
 from proxy.engines._client import EngineClient
+from proxy.engines._discovery import EngineDiscovery, EngineFleet, Resolver, resolve_addresses
 from proxy.engines._exceptions import (
     EngineBadResponse,
     EngineConnectTimeout,
@@ -27,6 +29,8 @@ __all__ = [
     "EngineBadResponse",
     "EngineClient",
     "EngineConnectTimeout",
+    "EngineDiscovery",
+    "EngineFleet",
     "EngineHTTPError",
     "EngineMonitor",
     "EnginePool",
@@ -34,9 +38,11 @@ __all__ = [
     "EngineStreamBroken",
     "EngineTimeout",
     "EngineUnavailable",
+    "Resolver",
     "UpstreamError",
     "make_http_client",
     "map_stream_error",
     "parse_cache_facts",
     "parse_load",
+    "resolve_addresses",
 ]

@@ -65,15 +65,31 @@ class EngineMonitor:
         self.scheduler = scheduler
         self.settings = settings
         self.on_change = on_change
-        names = list(pool.engines)
-        self.up: dict[str, bool] = dict.fromkeys(names, True)
-        self.failures: dict[str, int] = dict.fromkeys(names, 0)
-        self.scrape_failures: dict[str, int] = dict.fromkeys(names, 0)
-        self.request_errors: dict[str, int] = dict.fromkeys(names, 0)
+        self.up: dict[str, bool] = {}
+        self.failures: dict[str, int] = {}
+        self.scrape_failures: dict[str, int] = {}
+        self.request_errors: dict[str, int] = {}
         self.ejected_because: dict[str, str] = {}
         self.answered_at: dict[str, float] = {}  # time.monotonic() of its last answer
         self.health_rounds = 0
-        self._epoch: dict[str, int] = dict.fromkeys(names, 0)
+        self._epoch: dict[str, int] = {}
+        for name in pool.engines:
+            self.add(name)
+
+    def add(self, name: str) -> None:
+        """Watch engine ``name`` too (it joined; it starts up, as in the scheduler)."""
+        if name in self.up:
+            return
+        self.up[name] = True
+        self.failures[name] = self.scrape_failures[name] = self.request_errors[name] = 0
+        self._epoch[name] = 0
+
+    def remove(self, name: str) -> None:
+        """Stop watching engine ``name`` (it left and nothing runs there any more)."""
+        for table in (self.up, self.failures, self.scrape_failures, self.request_errors):
+            table.pop(name, None)
+        self.ejected_because.pop(name, None)
+        self._epoch.pop(name, None)
 
     async def run(self) -> None:
         """Check health every ``health_interval_s`` and scrape loads every
@@ -92,25 +108,28 @@ class EngineMonitor:
         epochs = dict(self._epoch)
         results: dict[str, bool] = {}
         async with anyio.create_task_group() as tg:
-            for engine in self.pool.engines.values():
+            for engine in list(self.pool.engines.values()):
                 tg.start_soon(_probe, engine, results)
-        for name in self.pool.engines:
-            if self._epoch[name] == epochs[name]:
-                self._record(name, results[name])
+        for name, ok in results.items():
+            if name in epochs and self._epoch.get(name) == epochs[name]:
+                self._record(name, ok)
         self.health_rounds += 1
 
     async def scrape_loads(self) -> None:
         """Scrape the up engines' ``/metrics`` concurrently into the scheduler."""
         loads: dict[str, EngineLoad] = {}
         async with anyio.create_task_group() as tg:
-            for name, engine in self.pool.engines.items():
-                if self.up[name]:
+            for name, engine in list(self.pool.engines.items()):
+                if self.up.get(name):
                     tg.start_soon(self._scrape, engine, loads)
         for name, load in loads.items():
-            self.scheduler.observe_load(name, load)
+            if name in self.up:  # not gone while it was scraped
+                self.scheduler.observe_load(name, load)
 
     def mark_failed(self, name: str, reason: str = "a request could not reach it") -> None:
         """The request path found ``name`` unusable (``reason``): eject it now."""
+        if name not in self.up:
+            return  # it left discovery meanwhile
         self._epoch[name] += 1
         self.failures[name] = max(self.failures[name], self.settings.unhealthy_after)
         if self.up[name]:
@@ -120,6 +139,8 @@ class EngineMonitor:
 
     def request_failed(self, name: str, error: UpstreamError) -> None:
         """A request on ``name`` failed with ``error`` (outlier detection)."""
+        if name not in self.up:
+            return
         self.request_errors[name] += 1
         if isinstance(error, EngineTimeout):
             self.mark_failed(name, f"a stream timed out ({error})")
@@ -136,7 +157,8 @@ class EngineMonitor:
         return at is not None and time.monotonic() - at <= seconds
 
     def request_succeeded(self, name: str) -> None:
-        self.request_errors[name] = 0
+        if name in self.request_errors:
+            self.request_errors[name] = 0
 
     def _record(self, name: str, ok: bool) -> None:
         if ok:
@@ -155,6 +177,8 @@ class EngineMonitor:
 
     def why_unusable(self, name: str) -> str:
         """Why requests cannot go to ``name`` now, in a few words for a client."""
+        if name not in self.up:
+            return "left discovery"
         if not self.up[name]:
             return f"ejected: {self.ejected_because.get(name, 'unreachable')}"
         if self.failures[name]:
@@ -171,6 +195,8 @@ class EngineMonitor:
         try:
             loads[engine.name] = await engine.load()
         except UpstreamError as exc:
+            if engine.name not in self.scrape_failures:
+                return
             self.scrape_failures[engine.name] += 1
             logger.warning(
                 "engine %s: /metrics scrape failed (%d so far): %s",

@@ -86,7 +86,18 @@ class EnginePool:
         for config in configs:
             if config.name in self.engines:
                 raise ValueError(f"engine names must be unique, {config.name!r} repeats")
-            self.engines[config.name] = EngineClient(config, client)
+            self.add(config)
+
+    def add(self, config: EngineConfig) -> EngineClient:
+        """The client of the engine ``config`` describes, made once per name."""
+        engine = self.engines.get(config.name)
+        if engine is None:
+            engine = self.engines[config.name] = EngineClient(config, self.client)
+        return engine
+
+    def remove(self, name: str) -> None:
+        """Forget engine ``name`` (it left); its connections close as they go idle."""
+        self.engines.pop(name, None)
 
     def client_for(self, name: str) -> EngineClient:
         """The engine called ``name``; :class:`KeyError` if there is none."""

@@ -8,7 +8,7 @@ The scheduler takes the engines' settings as the config loader makes them
 from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.core import Scheduler, SchedulerSettings, UnknownModel
-from proxy.scheduler.state import EngineLoad, EngineState, HoldRules
+from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
@@ -17,6 +17,7 @@ from proxy.scheduler.types import (
     HeldReason,
     Job,
     Phase,
+    Reservation,
     TrafficClass,
     Turn,
 )
@@ -39,6 +40,8 @@ __all__ = [
     "HoldRules",
     "Job",
     "Phase",
+    "ReplicaLoad",
+    "Reservation",
     "Scheduler",
     "SchedulerSettings",
     "TrafficClass",

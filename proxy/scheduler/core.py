@@ -22,6 +22,11 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
 - **Batch is never starved**: a chat in prefill longer than the hold timeout
   stops holding batch, and batch earns credit from the chat prompts sent while it
   waits, so it keeps a minimum share of each engine's prefill (:class:`HoldRules`).
+- **Other proxy replicas** in front of the same engines are an input
+  (:meth:`Scheduler.observe_others`): their batch prompt tokens in prefill on an
+  engine count against its budget, and their interactive work holds batch there
+  (docs/replicas.md). Engines may join and drain (:meth:`Scheduler.add_engine`,
+  :meth:`~Scheduler.drain_engine`): a draining engine takes no new work.
 - Each engine's turn and the reason batch is held are kept up to date after every
   event, and the time spent in each is accounted.
 
@@ -54,8 +59,17 @@ from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.queue import JobQueue
 from proxy.scheduler.routing import AffinityMap, pick_engine
-from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules
-from proxy.scheduler.types import Decision, Dispatch, HeldReason, Job, Phase, TrafficClass, Turn
+from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
+from proxy.scheduler.types import (
+    Decision,
+    Dispatch,
+    HeldReason,
+    Job,
+    Phase,
+    Reservation,
+    TrafficClass,
+    Turn,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +93,6 @@ class Scheduler:
         clock: Clock,
         settings: SchedulerSettings | None = None,
     ) -> None:
-        if not engines:
-            raise ValueError("the scheduler needs at least one engine")
         self.clock = clock
         self.settings = settings or SchedulerSettings()
         now = clock.now()
@@ -116,8 +128,11 @@ class Scheduler:
         return sorted({m for e in self.engines.values() for m in e.settings.models})
 
     def engines_up_for(self, model: str) -> list[str]:
-        """The names of the up engines serving ``model``, in configuration order."""
-        return [e.name for e in self.engines.values() if e.up and e.serves(model)]
+        """The names of the up engines serving ``model`` (not draining), in
+        configuration order."""
+        return [
+            e.name for e in self.engines.values() if e.up and not e.draining and e.serves(model)
+        ]
 
     def engines_for(self, model: str) -> list[str]:
         """The names of every engine serving ``model``, up or not, in configuration order."""
@@ -302,6 +317,7 @@ class Scheduler:
         job.dispatched_at = now
         job.held = None
         self._logged_hold.pop(job.id, None)
+        job.reserved = False  # a reservation is for one engine and one dispatch
         _mark_beside_batch(engine, job)
         engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.admit(job)
@@ -402,6 +418,110 @@ class Scheduler:
         self._mark(name)
         self._end(now)
 
+    def observe_others(self, name: str, others: ReplicaLoad) -> None:
+        """What the other proxy replicas do on engine ``name`` (docs/replicas.md)."""
+        now = self._begin()
+        self.engines[name].others = others
+        self._mark(name)
+        self._end(now)
+
+    # -- several replicas, one budget (docs/replicas.md) -------------------------
+
+    def own_loads(self) -> dict[str, ReplicaLoad]:
+        """This replica's load on each engine, to publish in the shared ledger: its
+        reserved batch prompt tokens in prefill there (every batch job sent was
+        reserved first), and whether its interactive work is in prefill there
+        (within the hold timeout) or queued for it (a read)."""
+        queued = self.queues[TrafficClass.INTERACTIVE]
+        return {
+            e.name: ReplicaLoad(
+                _reserved_tokens(e),
+                e.interactive_holding() or any(e.eligible(j) for j in queued),
+            )
+            for e in self.engines.values()
+        }
+
+    def reservation(self, job_id: str) -> Reservation | None:
+        """What to reserve for batch job ``job_id``, just dispatched; None for any
+        other job (interactive work never waits on the ledger) (a read)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cls is not TrafficClass.BATCH or job.engine is None:
+            return None
+        if job.phase is not Phase.PREFILL:
+            return None
+        e = self.engines[job.engine]
+        # dispatched while interactive work held the engine: on starvation credit
+        holding = e.interactive_holding() or e.others.hold_for_interactive
+        beside = holding and e.rules.interactive_hold
+        in_prefill = _reserved_tokens(e) + job.prompt_tokens
+        return Reservation(job.id, e.name, job.prompt_tokens, in_prefill, e.budget.tokens, beside)
+
+    def mark_reserved(self, job_id: str) -> None:
+        """The ledger granted ``job_id``'s reservation: its tokens count in what this
+        replica publishes and in its next reservations."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.reserved = True
+
+    def put_back(self, job_id: str, others: ReplicaLoad) -> bool:
+        """The ledger refused the reservation of a dispatched batch job: it goes back
+        to the head of its queue (any engine may take it again, none is excluded),
+        and the engine's view of the other replicas becomes ``others``; whether it
+        was put back (False: no longer in prefill)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.phase is not Phase.PREFILL or job.engine is None:
+            return False
+        now = self._begin()
+        engine = self.engines[job.engine]
+        engine.release(job.id)
+        engine.batch_credit += job.prompt_tokens if job.cls is TrafficClass.BATCH else 0
+        engine.others = others
+        self._mark(engine.name)
+        job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
+        self.queues[job.cls].appendleft(job)
+        self._mark_model(job.model, job)
+        self._end(now)
+        return True
+
+    # -- engines that join and leave (DNS discovery) ---------------------------
+
+    def add_engine(self, config: EngineConfig) -> None:
+        """An engine joins; one that was draining takes new work again."""
+        now = self._begin()
+        engine = self.engines.get(config.name)
+        if engine is None:
+            self.engines[config.name] = EngineState(config, now, self.settings.hold, self._events)
+            self._index_models()
+            self._unheld.add(config.name)
+        else:
+            engine.draining = False
+        self._mark(config.name)
+        self._end(now)
+
+    def drain_engine(self, name: str) -> None:
+        """An engine leaves: it gets no new work; work in flight there finishes, and
+        queued work goes to the other engines of its model."""
+        now = self._begin()
+        self.engines[name].draining = True
+        self._mark(name)
+        self._end(now)
+
+    def remove_engine(self, name: str) -> bool:
+        """Forget a draining engine once nothing runs on it; whether it is gone."""
+        engine = self.engines.get(name)
+        if engine is None:
+            return True
+        if not engine.draining or engine.inflight:
+            return False
+        now = self._begin()
+        del self.engines[name]
+        self._index_models()
+        self._dirty.discard(name)
+        self._unheld.discard(name)
+        self._takes.discard(name)
+        self._end(now)
+        return True
+
     def tick(self) -> None:
         """Advance accounting and the budget loops to now (call it periodically).
         Every engine is brought up to date and re-evaluated."""
@@ -420,7 +540,9 @@ class Scheduler:
         # chats that stopped holding batch since: the same test as holds_for_interactive
         holds, timeout = self._holds, self.settings.hold.hold_timeout_s
         while holds and not self._events.now - holds[0][0] < timeout:
-            self._mark(heapq.heappop(holds)[1])
+            name = heapq.heappop(holds)[1]
+            if name in self.engines:  # not an engine that left since
+                self._mark(name)
         return now
 
     def _end(self, now: float) -> None:
@@ -484,6 +606,15 @@ class Scheduler:
 
 
 _RANK = operator.attrgetter("rank")
+
+
+def _reserved_tokens(engine: EngineState) -> int:
+    """The batch prompt tokens in prefill on ``engine`` whose reservation was granted."""
+    return sum(
+        j.prompt_tokens
+        for j in engine.inflight.values()
+        if j.cls is TrafficClass.BATCH and j.phase is Phase.PREFILL and j.reserved
+    )
 
 
 def _mark_beside_batch(engine: EngineState, job: Job) -> None:

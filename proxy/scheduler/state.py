@@ -48,6 +48,18 @@ class EventTime:
         self.now = max(self.now, now)
 
 
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What proxy replicas do on one engine, as the shared ledger holds it
+    (docs/replicas.md): their batch prompt tokens in prefill there, and whether
+    interactive work of theirs is queued for it or in prefill there. A replica
+    publishes its own; the scheduler is given the sum of the others' (one replica
+    alone keeps the zero value)."""
+
+    batch_prefill_tokens: int = 0
+    hold_for_interactive: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class HoldRules:
     """How interactive work holds batch on an engine.
@@ -82,7 +94,9 @@ class EngineState:
         self.batch_credit = 0.0  # prompt tokens batch may run beside chat (HoldRules)
         self.name = settings.name
         self.up = True
+        self.draining = False  # left discovery: no new work; what runs here finishes
         self.load = EngineLoad()
+        self.others = ReplicaLoad()
         self.inflight: dict[str, Job] = {}
         self.budget = BudgetController(settings.budget, now)
         self.turn = Turn.IDLE
@@ -106,11 +120,16 @@ class EngineState:
         return model in self.settings.models
 
     def eligible(self, job: Job) -> bool:
-        """Whether ``job`` may go to this engine: it serves the model, and the job
-        has not already failed here, and is not pinned to another engine (the later
-        pieces of a pieced prompt)."""
+        """Whether ``job`` may go to this engine: it serves the model, it is not
+        draining, the job has not already failed here, and it is not pinned to
+        another engine (the later pieces of a pieced prompt)."""
         pinned = job.pinned is None or job.pinned == self.name
-        return pinned and self.serves(job.model) and self.name not in job.excluded
+        return (
+            pinned
+            and self.serves(job.model)
+            and not self.draining
+            and self.name not in job.excluded
+        )
 
     # -- work in flight --------------------------------------------------------
 
@@ -168,7 +187,7 @@ class EngineState:
     # -- admission -------------------------------------------------------------
 
     def can_take_interactive(self) -> bool:
-        return self.up and not self.at_cap()
+        return self.up and not self.draining and not self.at_cap()
 
     def at_cap(self) -> bool:
         return len(self.inflight) >= self.settings.max_inflight
@@ -188,17 +207,22 @@ class EngineState:
         interactive prefill."""
         return self.rules.batch_min_share > 0 and self.batch_credit >= job.prompt_tokens
 
-    def holds_for_interactive(self, head: Job | None = None) -> bool:
-        """Whether interactive work in prefill here holds batch (its first job
-        ``head``): a chat dispatched within the hold timeout is in prefill, and batch
-        has not earned ``head`` in credit."""
+    def interactive_holding(self) -> bool:
+        """Whether this replica's own chat, dispatched within the hold timeout, is in
+        prefill here."""
         r, now = self.rules, self._events.now
-        holding = any(
+        return any(
             now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
             for j in self._chats_in_prefill.values()
         )
+
+    def holds_for_interactive(self, head: Job | None = None) -> bool:
+        """Whether interactive work holds batch here (its first job ``head``): a chat
+        dispatched within the hold timeout is in prefill, or another replica says it
+        holds (:class:`ReplicaLoad`), and batch has not earned ``head`` in credit."""
+        holding = self.interactive_holding() or self.others.hold_for_interactive
         starved = head is not None and self.batch_starved(head)
-        return r.interactive_hold and holding and not starved
+        return self.rules.interactive_hold and holding and not starved
 
     def batch_refusal(self, job: Job) -> HeldReason | None:
         """Why ``job`` (batch) may not be dispatched here now; None if it may. The
@@ -208,10 +232,11 @@ class EngineState:
         The single-request rule: a job larger than the budget still runs when
         nothing else is in prefill, so no prompt is starved by its size. A starved
         batch (:class:`HoldRules`) runs one prompt at a time beside interactive
-        prefill.
+        prefill. Other replicas' batch prompt tokens in prefill here
+        (:class:`ReplicaLoad`) count against the budget as this replica's own do.
         """
         s = self.settings
-        if not self.up:
+        if not self.up or self.draining:
             return HeldReason.ENGINE_UNHEALTHY
         if self.at_cap():
             return HeldReason.CONCURRENCY_CAP
@@ -224,7 +249,7 @@ class EngineState:
         if job.piece and pieces_in_prefill(self.inflight.values()) >= PIECE_DEPTH:
             return HeldReason.PREFILL_BUDGET  # two pieces at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
-        in_prefill = self.prefill_tokens(counted)
+        in_prefill = self.prefill_tokens(counted) + self.others.batch_prefill_tokens
         if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:
             return HeldReason.PREFILL_BUDGET
         return None

@@ -78,6 +78,7 @@ class Job:
     beside_batch: bool = False  # interactive: shared its engine with batch prefill
     pinned: str | None = None  # a pieced prompt's later pieces go where the first went
     piece: int = 0  # the piece of a pieced prompt now queued or in flight (0: not pieced)
+    reserved: bool = False  # batch: its tokens are reserved in the shared ledger
 
 
 @dataclass(frozen=True)
@@ -103,3 +104,20 @@ class Decision:
     reason: HeldReason | None
     budget: int
     piece: int = 0  # the piece of a pieced prompt (0: a whole request)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a replica must reserve in the shared ledger before it sends batch job
+    ``job_id`` to ``engine`` (docs/replicas.md): the job's ``tokens``; this
+    replica's reserved batch prompt tokens in prefill there, counting the job
+    (``in_prefill``); the ``budget`` it was admitted under; and whether it was
+    admitted beside interactive prefill on its starvation credit (``beside_interactive``:
+    other replicas' interactive work does not refuse it then)."""
+
+    job_id: str
+    engine: str
+    tokens: int
+    in_prefill: int
+    budget: int
+    beside_interactive: bool

@@ -22,6 +22,8 @@ import httpx
 
 from proxy.api.app import create_app
 from proxy.config import Settings, settings_from_dict
+from proxy.engines import Resolver, resolve_addresses
+from proxy.replicas import Ledger
 from tests.support import MODEL
 from tests.support.processes import (
     free_port,
@@ -49,13 +51,22 @@ def engine(url: str, name: str, **options: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def run_proxy(engines: Sequence[dict[str, Any]], **options: Any) -> Iterator[ProxyServer]:
+def run_proxy(
+    engines: Sequence[dict[str, Any]],
+    *,
+    resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
+    **options: Any,
+) -> Iterator[ProxyServer]:
     """Serve the proxy in front of ``engines`` (see :func:`engine`) for the ``with`` body.
 
-    ``options`` are top-level settings (``health_interval_s=0.1`` ...).
+    ``options`` are top-level settings (``health_interval_s=0.1`` ...); ``resolver``
+    answers the DNS look-ups of ``dns+http://`` engine groups; ``ledger`` is the
+    shared budget's store (several replicas).
     """
     settings = settings_from_dict({**PROXY_DEFAULTS, **options, "engines": list(engines)})
-    with serving(create_app(settings), "the proxy") as (base_url, port, http):
+    app = create_app(settings, resolver=resolver, ledger=ledger)
+    with serving(app, "the proxy") as (base_url, port, http):
         yield ProxyServer(base_url=base_url, port=port, http=http, settings=settings)
 
 

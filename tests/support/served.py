@@ -21,7 +21,7 @@ import openai
 import uvicorn
 
 from loadtests.engine_io.metrics import LabelledSamples, labelled_samples
-from loadtests.processes import LOOPBACK, loopback_url
+from loadtests.processes import LOOPBACK
 from tests.support.metrics import metric_sum
 from tests.support.polling import wait_for
 
@@ -52,12 +52,15 @@ class Served:
 
 
 @contextmanager
-def serve_app(app: Any, what: str = "the server") -> Iterator[tuple[str, int]]:
-    """Serve the ASGI ``app`` on a free loopback port; yields its base URL and port."""
+def serve_app(
+    app: Any, what: str = "the server", *, host: str = LOOPBACK, port: int = 0
+) -> Iterator[tuple[str, int]]:
+    """Serve the ASGI ``app`` on ``host`` (a loopback address) and ``port`` (0: a free
+    one); yields its base URL and port."""
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
     # TCP, and without it every keep-alive response waits ~40 ms for a delayed ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind((LOOPBACK, 0))
+    sock.bind((host, port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
@@ -69,7 +72,7 @@ def serve_app(app: Any, what: str = "the server") -> Iterator[tuple[str, int]]:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not start")
             time.sleep(0.01)
-        yield loopback_url(port), port
+        yield f"http://{host}:{port}", port
     finally:
         server.should_exit = True
         thread.join(10)
@@ -77,10 +80,12 @@ def serve_app(app: Any, what: str = "the server") -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
-def serving(app: Any, what: str = "the server") -> Iterator[tuple[str, int, httpx.Client]]:
+def serving(
+    app: Any, what: str = "the server", *, host: str = LOOPBACK, port: int = 0
+) -> Iterator[tuple[str, int, httpx.Client]]:
     """:func:`serve_app`, with a client for it: yields base URL, port and client."""
     with (
-        serve_app(app, what) as (base_url, port),
+        serve_app(app, what, host=host, port=port) as (base_url, port),
         httpx.Client(base_url=base_url, timeout=10) as http,
     ):
         yield base_url, port, http

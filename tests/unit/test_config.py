@@ -300,3 +300,15 @@ def test_hold_rules_from_the_file_and_the_env(tmp_path: Path) -> None:
 def test_hold_rules_refuse_nonsense(key: str, value: float) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}:"):
         settings_from_dict({"engines": [URL], key: value})
+
+
+def test_dns_engine_groups_and_their_interval() -> None:
+    settings = settings_from_dict(
+        {"dns_interval_s": 2, "engines": ["dns+http://vllm-headless.ns.svc:8000", "http://b:1"]}
+    )
+    assert settings.dns_interval_s == 2.0
+    assert [e.by_dns for e in settings.engines] == [True, False]
+    with pytest.raises(ConfigError, match=r"engines\[0\].url: expected http\(s\)://host:port or"):
+        settings_from_dict({"engines": ["dns+ftp://x:1"]})
+    with pytest.raises(ConfigError, match="dns_interval_s: must be positive"):
+        settings_from_dict({"engines": ["http://b:1"], "dns_interval_s": 0})

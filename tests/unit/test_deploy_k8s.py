@@ -192,7 +192,7 @@ def test_the_proxy_reads_its_configmap_and_dials_the_engine_service(
     engine_service = one(objects, "Service", "vllm")
     assert engine_service["spec"]["clusterIP"] == "None"
     port = engine_service["spec"]["ports"][0]["port"]
-    assert [e.url for e in settings.engines] == [f"http://vllm:{port}"]
+    assert [e.url for e in settings.engines] == [f"dns+http://vllm:{port}"]
     engine = one(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
     assert f"--port={port}" in engine["args"] or engine["args"][
         engine["args"].index("--port") + 1
@@ -222,7 +222,7 @@ def test_init_container_merges_the_api_keys_secret(
     keys = load_settings(str(merged), env={}, cwd=tmp_path).api_keys
     assert list(keys) == ["key-one", "key-two"]
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert Path(env["WHOSETURN_CONFIG"]).parent.as_posix() in {
         m["mountPath"] for m in container["volumeMounts"]
     }
@@ -239,3 +239,15 @@ def test_engines_per_overlay(overlay: tuple[str, list[Object]]) -> None:
         assert engine["args"][:3] == ["sim", "--profile", "cpu-tiny"]
     for c in containers(objects):
         assert ":" in c["image"], c["name"]
+
+
+def test_the_replicas_share_a_ledger_when_its_secret_exists(
+    overlay: tuple[str, list[Object]],
+) -> None:
+    _, objects = overlay
+    (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["WHOSETURN_LEDGER_DSN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "whoseturn-ledger", "key": "dsn", "optional": True}
+    env_only = {"WHOSETURN_LEDGER_DSN": "postgresql://db/x", "WHOSETURN_ENGINES": "http://e:1"}
+    assert load_settings(env=env_only, cwd=Path("/nonexistent")).ledger_dsn == "postgresql://db/x"

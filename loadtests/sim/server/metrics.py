@@ -173,6 +173,21 @@ class SimMetrics:
         self.steps = Counter(
             "whoseturn_sim_steps", "Engine steps the loop has run.", registry=self.registry
         )
+        self.prefill_tokens = Gauge(
+            "whoseturn_sim_prefill_prompt_tokens",
+            "Prompt tokens of the requests in the engine with no first token yet, by "
+            "request priority (with the proxy and --scheduling-policy priority: 0 batch, "
+            "-10 interactive).",
+            ["priority"],
+            registry=self.registry,
+        )
+        self.prefill_tokens_peak = Gauge(
+            "whoseturn_sim_prefill_prompt_tokens_peak",
+            "The most whoseturn_sim_prefill_prompt_tokens has been since start.",
+            ["priority"],
+            registry=self.registry,
+        )
+        self._prefill_peak: dict[int, int] = {}
 
     def _cache_info(self, config: SchedulerConfig) -> None:
         info = {
@@ -198,6 +213,19 @@ class SimMetrics:
         self.waiting_capacity.set(capacity)
         self.waiting_deferred.set(deferred)
         self.kv_usage.set(engine.kv_cache_usage)
+        self._update_prefill(engine)
+
+    def _update_prefill(self, engine: SimEngine) -> None:
+        now: dict[int, int] = dict.fromkeys(self._prefill_peak, 0)
+        scheduler = engine.scheduler
+        for request in [*scheduler.waiting, *scheduler.running]:
+            if request.first_token_time is None:
+                now[request.priority] = now.get(request.priority, 0) + request.num_prompt_tokens
+        for priority, tokens in now.items():
+            peak = max(tokens, self._prefill_peak.get(priority, 0))
+            self._prefill_peak[priority] = peak
+            self.prefill_tokens.labels(str(priority)).set(tokens)
+            self.prefill_tokens_peak.labels(str(priority)).set(peak)
 
     def on_step(self, result: StepResult, engine: SimEngine, lag: float) -> None:
         """Everything one finished step changed."""
