@@ -26,6 +26,7 @@ from proxy.scheduler import (
     ReplicaLoad,
     Reservation,
     Scheduler,
+    TrafficClass,
 )
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import Second
@@ -228,6 +229,10 @@ class Admission:
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
+
+    def interactive_streams(self, engine: str) -> int:
+        """Interactive streams decoding on ``engine`` now."""
+        return self._scheduler.engines[engine].decode_streams(TrafficClass.INTERACTIVE)
 
     def own_loads(self) -> dict[str, ReplicaLoad]:
         """This replica's load on each engine, for the shared ledger."""

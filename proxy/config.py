@@ -33,6 +33,8 @@ typo stops the proxy at start rather than at the first request. Example file::
         batch_max_inflight: 64
         kv_high_watermark: 0.9
         budget: {initial_tokens: 8192, min_tokens: 512, max_tokens: 65536}
+        piecing: off              # on / auto: prefill long batch prompts in pieces
+        piece_tokens: 512         # the first piece's size (docs/scheduling.md)
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
@@ -131,6 +133,10 @@ class EngineConfig:
     - ``kv_high_watermark``: no batch admission while the engine reports KV-cache
       usage at or above this fraction.
     - ``models``: the models it serves (empty: discovered from the engine).
+    - ``piecing``: prefill long batch prompts in pieces over the engine's prefix
+      cache (``off``, ``on``, ``auto``: when the engine reports prefix caching on);
+      ``piece_tokens``: the first piece's size, before the engine's cost is known
+      (see docs/scheduling.md).
 
     A ``url`` of the form ``dns+http://HOST:PORT`` (or ``dns+https://``) is not one
     engine but a group found by DNS: ``HOST`` is resolved every ``dns_interval_s``
@@ -147,8 +153,12 @@ class EngineConfig:
     batch_max_inflight: int = 64
     kv_high_watermark: float = 0.9
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    piecing: str = "off"
+    piece_tokens: int = 512
 
     def __post_init__(self) -> None:
+        _check(self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto")
+        _check(self.piece_tokens >= 1, "piece_tokens", "must be at least 1")
         _check(
             self.scheduling_policy in ("fcfs", "priority"),
             "scheduling_policy",
@@ -318,6 +328,8 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
         "expected a list of model names",
     )
     body.update(url=url, name=str(body.get("name") or f"engine-{index}"))
+    if isinstance(body.get("piecing"), bool):  # YAML reads a bare off / on as a bool
+        body["piecing"] = "on" if body["piecing"] else "off"
     with _under(where):
         typed = _typed(EngineConfig, body, "")
         return EngineConfig(**typed, models=tuple(models), budget=budget)

@@ -36,6 +36,7 @@ import httpx
 
 from proxy.admission import Admission
 from proxy.api.forward import Forwarder
+from proxy.api.pieces import Piecer
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
 from proxy.batch import BatchAPI, build_batch
@@ -179,8 +180,13 @@ async def build(
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
     shared = _shared_budget(settings, admission, pool, ledger)
+    aim = settings.engines[0].budget.aim if settings.engines else 0.8
+    pieces = Piecer(
+        list(settings.engines), pool, admission, clock, metrics.registry,
+        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
+    )  # fmt: skip
     forwarder = Forwarder(
-        settings, pool, monitor, services, shared.reserve if shared is not None else None
+        settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
@@ -225,6 +231,8 @@ async def startup(state: ProxyState) -> None:
     """One round of health checks and load scrapes (and the shared ledger opened and
     read), then the background loops."""
     await state.monitor.check_once()
+    if state.forwarder.pieces is not None:
+        await state.forwarder.pieces.discover()
     if state.shared is not None:
         await state.shared.ledger.open()
         await state.shared.sync_once()

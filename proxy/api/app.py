@@ -61,10 +61,15 @@ def create_app(
     }
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, path_limits=uploads)
     _routes(app)
-    install_turn_routes(app, lambda request: _state(request).admission)
+    install_turn_routes(app, lambda request: _state(request).admission, _piece_facts)
     install_status_route(app)
     install_batch_routes(app, lambda request: _state(request).batch)
     return app
+
+
+def _piece_facts(request: Request) -> dict[str, dict[str, object]] | None:
+    pieces = _state(request).forwarder.pieces
+    return None if pieces is None else pieces.report()
 
 
 METRICS_DOC: dict[int | str, dict[str, object]] = {

@@ -31,6 +31,7 @@ from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import StartWatch, new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
+from proxy.api.pieces import Final, Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import sse_error
@@ -114,12 +115,14 @@ class Forwarder:
         monitor: EngineMonitor,
         services: Services,
         reserve: Reserve | None = None,
+        pieces: Piecer | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.monitor = monitor
         self.services = services
         self.reserve = reserve
+        self.pieces = pieces
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
         arrival = self.services.clock.now()
@@ -171,15 +174,20 @@ class Forwarder:
                 self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
             raise error
 
-    async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
-        """The job's next dispatch: queued first, or requeued after a failure."""
+    async def _wait(self, ticket: Ticket, retried: bool, pieced: Pieced | None) -> Admitted:
+        """The job's next dispatch: queued first (after its pieces, if ``pieced``),
+        or requeued after a failure."""
         admission, req = self.services.admission, ticket.req
         try:
             if retried:
                 return await admission.readmit(ticket.id)
+            final = Final(ticket.count.tokens, None, 0)
+            if pieced is not None and self.pieces is not None:
+                final = await self.pieces.prefill(ticket, pieced)
             job = Job(
-                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=ticket.count.tokens,
-                arrival=ticket.arrival, affinity=req.affinity,
+                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
+                arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
+                piece=final.piece,
             )  # fmt: skip
             admitted = await admission.admit(job)
         except Closed:
@@ -194,8 +202,11 @@ class Forwarder:
     async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere
         while no byte has reached the client."""
+        pieced = None
+        if not retried and self.pieces is not None:
+            pieced = await self.pieces.prepare(ticket)
         while True:
-            admitted = await self._wait(ticket, retried)
+            admitted = await self._wait(ticket, retried, pieced)
             retried = True
             if not await self._reserved(ticket):
                 continue  # queued again: the shared budget refused it (batch only)

@@ -45,10 +45,17 @@ def _with_times(engine: dict[str, Any], wall: float) -> dict[str, Any]:
     return {**engine, "turn_since": since, "budget": budget}
 
 
-def turn_body(admission: Admission) -> dict[str, Any]:
-    """Whose turn it is on each engine, as of now (a read: the scheduler does not run)."""
+def turn_body(
+    admission: Admission, pieces: dict[str, dict[str, object]] | None = None
+) -> dict[str, Any]:
+    """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
+    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`)."""
     wall = time.time()
-    return {"time": _iso(wall), "engines": [_with_times(e, wall) for e in admission.report()]}
+    engines = [_with_times(e, wall) for e in admission.report()]
+    for entry in engines:
+        if pieces is not None and entry.get("engine") in pieces:
+            entry["piecing"] = pieces[entry["engine"]]
+    return {"time": _iso(wall), "engines": engines}
 
 
 def history_body(admission: Admission, seconds: int) -> dict[str, Any]:
@@ -94,7 +101,7 @@ def budget_change_body(engine: str, c: BudgetChange, offset: float) -> dict[str,
 
 def _batch_line(job_id: str) -> dict[str, Any] | None:
     """The Batch API job and line a decision's work belongs to, if any."""
-    found = job_line(job_id)
+    found = job_line(job_id.partition("#")[0])  # a piece's job: its prompt's line
     if found is None:
         return None
     return {"id": found[0], "custom_id": found[1], "attempt": found[2]}
@@ -117,6 +124,7 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
                 "admitted": d.admitted,
                 "reason": d.reason.value if d.reason else None,
                 "budget": d.budget,
+                "piece": d.piece,
                 "batch": _batch_line(d.job_id),
             }
             for d in decisions
@@ -124,12 +132,17 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
     }
 
 
-def install_turn_routes(app: FastAPI, admission_of: Callable[[Request], Admission]) -> None:
-    """``admission_of(request)`` returns the running app's :class:`Admission`."""
+def install_turn_routes(
+    app: FastAPI,
+    admission_of: Callable[[Request], Admission],
+    pieces_of: Callable[[Request], dict[str, dict[str, object]] | None] = lambda _: None,
+) -> None:
+    """``admission_of(request)`` returns the running app's :class:`Admission`;
+    ``pieces_of(request)`` its engines' piecing facts, if it has any."""
 
     @app.get("/turn", response_model=None)
     async def turn(request: Request) -> Response:
-        body = turn_body(admission_of(request))
+        body = turn_body(admission_of(request), pieces_of(request))
         if wants_text(request):
             return PlainTextResponse("\n".join(sentence(e) for e in body["engines"]) + "\n")
         return JSONResponse(body)

@@ -20,11 +20,12 @@ from proxy.engines._exceptions import (
     UpstreamError,
     map_stream_error,
 )
-from proxy.engines._metrics import parse_load
+from proxy.engines._metrics import CacheFacts, parse_cache_facts, parse_load
 from proxy.engines._monitor import EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
 
 __all__ = [
+    "CacheFacts",
     "EngineBadResponse",
     "EngineClient",
     "EngineConnectTimeout",
@@ -41,6 +42,7 @@ __all__ = [
     "UpstreamError",
     "make_http_client",
     "map_stream_error",
+    "parse_cache_facts",
     "parse_load",
     "resolve_addresses",
 ]

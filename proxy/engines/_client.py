@@ -30,7 +30,7 @@ from proxy.engines._exceptions import (
     map_request_error,
     map_stream_error,
 )
-from proxy.engines._metrics import MetricsParseError, parse_load
+from proxy.engines._metrics import CacheFacts, MetricsParseError, parse_cache_facts, parse_load
 from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE, TokenCountCache, content_key
 from proxy.scheduler import EngineLoad
 
@@ -101,6 +101,32 @@ class EngineClient:
             return parse_load(response.text)
         except MetricsParseError as exc:
             raise self._bad("/metrics", exc) from exc
+
+    async def cache_facts(self) -> CacheFacts:
+        """Prefix caching and block size as the engine's ``GET /metrics`` says."""
+        response = await self._call("GET", "/metrics")
+        try:
+            return parse_cache_facts(response.text)
+        except MetricsParseError as exc:
+            raise self._bad("/metrics", exc) from exc
+
+    async def token_ids(
+        self, model: str, *, prompt: str | None = None, messages: list[Any] | None = None
+    ) -> list[int]:
+        """The token ids ``POST /tokenize`` makes of ``prompt`` or ``messages``
+        (exactly one; messages through the engine's chat template)."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        body = (
+            {"model": model, "messages": messages}
+            if prompt is None
+            else {"model": model, "prompt": prompt}
+        )
+        data = await self._call_json("POST", "/tokenize", body)
+        ids = data.get("tokens") if isinstance(data, dict) else None
+        if not _is_token_ids(ids):
+            raise EngineBadResponse(self.name, "/tokenize: no token ids in the answer")
+        return ids
 
     async def count_tokens(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -52,4 +53,39 @@ def parse_load(text: str) -> EngineLoad:
         kv_usage=max(kv),
         waiting=round(sum(found.get(WAITING, ()))),
         running=round(sum(found.get(RUNNING, ()))),
+    )
+
+
+CACHE_INFO = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True)
+class CacheFacts:
+    """What ``vllm:cache_config_info`` says of the engine's KV cache (None: unsaid)."""
+
+    prefix_caching: bool | None = None
+    block_size: int | None = None
+
+
+def parse_cache_facts(text: str) -> CacheFacts:
+    """The engine's prefix caching and block size from its ``/metrics`` text.
+
+    Raises :class:`MetricsParseError` if the text cannot be parsed.
+    """
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in (CACHE_INFO, CACHE_INFO + "_total"):
+                    return _cache_facts(sample.labels)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise MetricsParseError(str(exc) or type(exc).__name__) from exc
+    return CacheFacts()
+
+
+def _cache_facts(labels: dict[str, str]) -> CacheFacts:
+    caching = labels.get("enable_prefix_caching")
+    block = labels.get("block_size", "")
+    return CacheFacts(
+        prefix_caching=None if caching is None else caching.strip().lower() == "true",
+        block_size=int(block) if block.isdigit() and int(block) > 0 else None,
     )

@@ -157,6 +157,8 @@ class Scheduler:
             raise UnknownModel(job.model)
         if job.id in self.jobs:
             raise ValueError(f"duplicate job id {job.id!r}")
+        if job.pinned is not None:  # a piece: only where its prompt's first piece went
+            job.excluded |= {e.name for e in self._by_model[job.model]} - {job.pinned}
         now = self._begin()
         self.jobs[job.id] = job
         queue = self.queues[job.cls]
@@ -339,7 +341,7 @@ class Scheduler:
 
     def _log(self, now: float, engine: str, job: Job, admitted: bool, r: HeldReason | None) -> None:
         budget = self.engines[engine].budget.tokens
-        self.log.append(Decision(now, engine, job.id, job.cls, admitted, r, budget))
+        self.log.append(Decision(now, engine, job.id, job.cls, admitted, r, budget, job.piece))
 
     # -- feedback --------------------------------------------------------------
 
@@ -377,6 +379,8 @@ class Scheduler:
         now = self._begin()
         self.engines[job.engine].release(job.id)
         self._mark(job.engine)
+        if job.pinned is not None:  # a pieced prompt's cache is lost with its engine
+            job.pinned, job.excluded = None, set()
         job.excluded.add(job.engine)
         others = [e for e in self._candidates(job) if e.up]
         requeued = retry and bool(others)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.history import Second, TurnHistory
+from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
 
@@ -120,8 +121,15 @@ class EngineState:
 
     def eligible(self, job: Job) -> bool:
         """Whether ``job`` may go to this engine: it serves the model, it is not
-        draining, and the job has not already failed here."""
-        return self.serves(job.model) and not self.draining and self.name not in job.excluded
+        draining, the job has not already failed here, and it is not pinned to
+        another engine (the later pieces of a pieced prompt)."""
+        pinned = job.pinned is None or job.pinned == self.name
+        return (
+            pinned
+            and self.serves(job.model)
+            and not self.draining
+            and self.name not in job.excluded
+        )
 
     # -- work in flight --------------------------------------------------------
 
@@ -238,6 +246,8 @@ class EngineState:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM
+        if job.piece and pieces_in_prefill(self.inflight.values()) >= PIECE_DEPTH:
+            return HeldReason.PREFILL_BUDGET  # two pieces at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
         in_prefill = self.prefill_tokens(counted) + self.others.batch_prefill_tokens
         if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:

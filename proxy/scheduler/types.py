@@ -76,6 +76,8 @@ class Job:
     attempts: int = 0
     held: HeldReason | None = None
     beside_batch: bool = False  # interactive: shared its engine with batch prefill
+    pinned: str | None = None  # a pieced prompt's later pieces go where the first went
+    piece: int = 0  # the piece of a pieced prompt now queued or in flight (0: not pieced)
     reserved: bool = False  # batch: its tokens are reserved in the shared ledger
 
 
@@ -101,6 +103,7 @@ class Decision:
     admitted: bool
     reason: HeldReason | None
     budget: int
+    piece: int = 0  # the piece of a pieced prompt (0: a whole request)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -96,6 +97,13 @@ def spawn_proxy(*engine_urls: str) -> Iterator[Process]:
     ready once ``/readyz`` answers 200 (an engine passed a health check)."""
     command = whoseturn_command("serve", *(f"--engine={url}" for url in engine_urls))
     with _spawn(command, "/readyz") as process:
+        yield process
+
+
+@contextmanager
+def spawn_proxy_config(config: Path) -> Iterator[Process]:
+    """Run ``whoseturn serve --config CONFIG`` until the ``with`` body ends."""
+    with _spawn(whoseturn_command("serve", "--config", str(config)), "/readyz") as process:
         yield process
 
 

@@ -110,7 +110,12 @@ def test_max_tokens_defaults_to_the_rest_of_the_context() -> None:
     with run_server(sim_settings(max_model_len=64, time_scale=50)) as sim:
         body = {"prompt": "a b c d", "max_tokens": None}
         reply = sim.http.post("/v1/completions", json=body).json()
-    assert reply["usage"] == {"prompt_tokens": 4, "completion_tokens": 60, "total_tokens": 64}
+    assert reply["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 60,
+        "total_tokens": 64,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_request_id_header_names_the_answer(sim: SimServer) -> None:

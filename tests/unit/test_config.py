@@ -168,6 +168,8 @@ def engine(**fields: Any) -> dict[str, Any]:
         (engine(batch_max_inflight=0), r"engines\[0\]: max_inflight"),
         (engine(kv_high_watermark=1.5), r"engines\[0\]\.kv_high_watermark"),
         (engine(kv_high_watermark=0), r"engines\[0\]\.kv_high_watermark"),
+        (engine(piecing="sometimes"), r"engines\[0\]\.piecing: expected off, on or auto"),
+        (engine(piece_tokens=0), r"engines\[0\]\.piece_tokens: must be at least 1"),
         ({"engines": [URL], "port": 0}, r"^port: expected 1\.\.65535"),
         ({"engines": [URL], "port": 65536}, r"^port: expected 1\.\.65535"),
         ({"engines": [URL], "ttft_target_s": 0}, r"^targets: .*ttft_target_s"),
@@ -196,6 +198,14 @@ def test_validation_names_the_key(data: dict[str, Any], key: str) -> None:
 def test_wrongly_typed_values_name_the_key(data: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         settings_from_dict(data)
+
+
+def test_piecing_in_yaml_reads_a_bare_off_or_on(tmp_path: Path) -> None:
+    text = f"engines:\n  - {{url: {URL}, piecing: off}}\n  - {{url: {URL}, piecing: on}}\n"
+    text += f"  - {{url: {URL}, piecing: auto, piece_tokens: 256}}\n  - {URL}\n"
+    settings = load(tmp_path, config_file=str(write(tmp_path / "w.yaml", text)))
+    assert [e.piecing for e in settings.engines] == ["off", "on", "auto", "off"]
+    assert [e.piece_tokens for e in settings.engines] == [512, 512, 256, 512]
 
 
 def test_integral_float_targets_accepted() -> None:

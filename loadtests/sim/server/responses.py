@@ -25,12 +25,17 @@ def sse(data: Json) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Json:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Json:
+    """OpenAI's ``usage``; with ``cached_tokens``, the prompt tokens found in the prefix
+    cache as ``prompt_tokens_details`` (vLLM with ``--enable-prompt-tokens-details``)."""
+    out: Json = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def random_request_id() -> str:

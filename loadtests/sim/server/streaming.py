@@ -29,7 +29,9 @@ Decode = Callable[[int], str]
 
 
 def request_usage(request: SimRequest) -> Json:
-    return usage(request.num_prompt_tokens, len(request.output_token_ids))
+    """The answer's ``usage``, always with the prompt tokens the prefix cache held."""
+    cached = max(request.num_cached_tokens, 0)
+    return usage(request.num_prompt_tokens, len(request.output_token_ids), cached)
 
 
 async def sse_events(

@@ -1,0 +1,351 @@
+"""The I/O of piecing: a long batch prompt prefilled as requests over growing prefixes.
+
+The arithmetic and the per-engine facts are pure (:mod:`proxy.scheduler.pieces`);
+this module does what needs the network, for :class:`proxy.api.forward.Forwarder`:
+
+- :meth:`Piecer.discover`: each engine's ``vllm:cache_config_info`` (prefix caching
+  on or off, the block size) decides whether piecing is on there (``auto``), and
+  is logged for the operator.
+- :meth:`Piecer.prepare`: a batch request whose prompt is longer than one piece,
+  for a model every up engine of which pieces, is tokenized to its ids by the
+  engine (``/tokenize``; with ``messages`` through the chat template, so the
+  client's own request later finds the same tokens in the cache).
+- :meth:`Piecer.prefill`: once the scheduler admitted the first piece, each piece
+  is sent as token ids to ``/v1/completions`` with ``max_tokens: 1`` (the answer
+  is discarded) and its ``cached_tokens`` checked; then the job goes back to the
+  scheduler as its next piece (pinned to the engine), which admits it like any
+  batch work: within the budget, after any chat in prefill. It returns the final
+  admission, on which the forwarder sends the client's real request.
+
+A piece that finds fewer cached tokens than its earlier pieces put there (or an
+engine that does not report them) turns piecing off on that engine and the
+prompt goes whole from there on; a piece that fails on the engine sends the
+prompt whole too. Neither loses the request or answers it twice: pieces produce
+no answer, and the real request is sent exactly once per admission.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from proxy.admission import Admission, Admitted
+from proxy.api.relay import Ticket
+from proxy.api.sse import SSEReader
+from proxy.clock import Clock
+from proxy.config import EngineConfig
+from proxy.engines import EngineClient, EnginePool, UpstreamError
+from proxy.scheduler import Job, TrafficClass
+from proxy.scheduler.pieces import (
+    ADVICE,
+    PIECE_DEPTH,
+    EnginePieces,
+    Piece,
+    PiecingMode,
+    cache_held,
+    next_piece,
+)
+
+logger = logging.getLogger(__name__)
+PIECE_TIMEOUT_S = 120.0
+
+
+class PieceMetrics:
+    """``whoseturn_prefill_pieces_total{engine}`` and its companions."""
+
+    def __init__(self, registry: CollectorRegistry, engines: list[str]) -> None:
+        self.pieces = Counter(
+            "whoseturn_prefill_pieces",
+            "Prefix pieces of long batch prompts sent to an engine",
+            ["engine"],
+            registry=registry,
+        )
+        self.prompts = Counter(
+            "whoseturn_prefill_pieced_prompts",
+            "Batch prompts sent whole after their pieces (the real request)",
+            ["engine"],
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "whoseturn_prefill_piece_fallbacks",
+            "Pieced prompts sent whole early: the cache did not hold, or a piece failed",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        for name in engines:
+            self.pieces.labels(name)
+            self.prompts.labels(name)
+            for reason in ("cache_miss", "piece_failed"):
+                self.fallbacks.labels(name, reason)
+
+
+@dataclass
+class Pieced:
+    """A prompt to be sent in pieces: its token ids, and its first piece."""
+
+    ids: list[int]
+    piece: Piece
+
+
+@dataclass(frozen=True)
+class Final:
+    """The client's own request after its pieces: its ``tokens`` to prefill, the
+    ``engine`` it is pinned to (None: anywhere, sent whole) and its piece number."""
+
+    tokens: int
+    engine: str | None
+    piece: int
+
+
+class Piecer:
+    def __init__(
+        self,
+        engines: list[EngineConfig],
+        pool: EnginePool,
+        admission: Admission,
+        clock: Clock,
+        registry: CollectorRegistry,
+        target_s: float,
+        idle_target_s: float,
+    ) -> None:
+        self.pool = pool
+        self.admission = admission
+        self.clock = clock
+        self.board = {
+            e.name: EnginePieces(
+                mode=PiecingMode(e.piecing),
+                initial_tokens=e.piece_tokens,
+                target_s=target_s,
+                idle_target_s=idle_target_s,
+            )
+            for e in engines
+        }
+        self._discovered: set[str] = set()
+        self.metrics = PieceMetrics(registry, [e.name for e in engines])
+
+    @property
+    def active(self) -> bool:
+        return any(p.mode is not PiecingMode.OFF for p in self.board.values())
+
+    # -- discovery -------------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Ask every engine that may piece what its cache config is (once each)."""
+        for name, facts in self.board.items():
+            if facts.mode is PiecingMode.OFF:
+                facts.discovered(None, None)
+            elif name not in self._discovered:
+                await self._discover(name, facts)
+
+    async def _discover(self, name: str, facts: EnginePieces) -> None:
+        try:
+            found = await self.pool.client_for(name).cache_facts()
+        except UpstreamError as exc:
+            facts.reason = f"not discovered yet: {exc}"
+            return
+        self._discovered.add(name)
+        facts.discovered(found.prefix_caching, found.block_size)
+        logger.info(
+            "engine %s: piecing %s (%s); block %d, first piece %d tokens. %s",
+            name, "on" if facts.enabled else "off", facts.reason,
+            facts.block_size, facts.piece_tokens, ADVICE,
+        )  # fmt: skip
+
+    def report(self) -> dict[str, dict[str, object]]:
+        """Each engine's piecing facts, for ``/turn``."""
+        return {name: facts.report() for name, facts in self.board.items()}
+
+    # -- the request path ------------------------------------------------------
+
+    async def prepare(self, ticket: Ticket) -> Pieced | None:
+        """The prompt's token ids and first piece, if ``ticket`` is to be pieced."""
+        req = ticket.req
+        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
+            return None
+        up = self.admission.engines_up_for(req.model)
+        if not up or not all(name in self.board for name in up):
+            return None  # an engine found by DNS: not pieced (its settings are not here)
+        for name in up:
+            if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
+                await self._discover(name, self.board[name])
+        if not all(self.board[name].enabled for name in up):
+            return None
+        facts = self.board[up[0]]
+        if ticket.count.tokens <= facts.piece_tokens:
+            return None
+        ids = await self._token_ids(self.pool.client_for(up[0]), ticket)
+        if ids is None or len(ids) <= facts.piece_tokens:
+            return None
+        return Pieced(ids, next_piece(len(ids), 0, facts.piece_tokens, facts.block_size))
+
+    async def _token_ids(self, client: EngineClient, ticket: Ticket) -> list[int] | None:
+        req = ticket.req
+        try:
+            if req.messages is not None:
+                return await client.token_ids(req.model, messages=req.messages)
+            if isinstance(req.prompt, str):
+                return await client.token_ids(req.model, prompt=req.prompt)
+        except (UpstreamError, ValueError) as exc:
+            logger.debug("%s: no token ids from %s, sent whole: %s", ticket.id, client.name, exc)
+            return None
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return list(prompt)
+        return None  # a list of prompts is several requests' worth: sent whole
+
+    async def prefill(self, ticket: Ticket, pieced: Pieced) -> Final:
+        """Send every piece but the final, each on its own admission, at most
+        :data:`PIECE_DEPTH` in flight (piece ``k+1`` once piece ``k`` is in the
+        engine); when all are answered, what the client's own request is to be
+        admitted as. A piece's job leaves the scheduler when its answer is read,
+        or when the caller is cancelled."""
+        run = _Run(ticket, pieced, anyio.Semaphore(PIECE_DEPTH))
+        piece = pieced.piece
+        async with anyio.create_task_group() as group:
+            while not piece.final and run.failed is None:
+                await run.room.acquire()
+                if run.failed is not None or not self._may_go_on(run):
+                    run.room.release()
+                    break
+                admitted = await self.admission.admit(self._job(run, piece))
+                run.engine = admitted.engine
+                started, done = anyio.Event(), anyio.Event()
+                group.start_soon(self._piece, run, admitted, piece, started, done)
+                await started.wait()
+                if self.board[admitted.engine].seconds_per_token is None:
+                    await done.wait()  # no second piece before the first was measured
+                piece = self._after(run, piece)
+        return self._final(run, piece)
+
+    def _may_go_on(self, run: _Run) -> bool:
+        return run.engine is None or self.board[run.engine].enabled
+
+    def _job(self, run: _Run, piece: Piece) -> Job:
+        req = run.ticket.req
+        return Job(
+            id=f"{run.ticket.id}#{piece.index}", cls=req.cls, model=req.model,
+            prompt_tokens=piece.new_tokens, arrival=self.clock.now(), pinned=run.engine,
+            piece=piece.index,
+        )  # fmt: skip
+
+    def _after(self, run: _Run, piece: Piece) -> Piece:
+        assert run.engine is not None
+        facts = self.board[run.engine]
+        streams = self.admission.interactive_streams(run.engine) > 0
+        size, block = facts.piece_tokens_for(streams=streams), facts.block_size
+        return next_piece(len(run.pieced.ids), piece.end, size, block, piece.index + 1)
+
+    def _final(self, run: _Run, piece: Piece) -> Final:
+        """The client's request: the last piece pinned where the others are, or the
+        whole prompt anywhere if piecing stopped (or that engine went down)."""
+        total = len(run.pieced.ids)
+        up = run.engine in self.admission.engines_up_for(run.ticket.req.model)
+        if run.failed is not None or not piece.final or not up or run.engine is None:
+            if run.failed is not None and run.engine is not None:
+                self.metrics.fallbacks.labels(run.engine, run.failed).inc()
+            return Final(total, None, piece.index)
+        self.board[run.engine].pieced_prompts += 1
+        self.metrics.prompts.labels(run.engine).inc()
+        return Final(piece.new_tokens, run.engine, piece.index)
+
+    async def _piece(
+        self, run: _Run, admitted: Admitted, piece: Piece, started: anyio.Event, done: anyio.Event
+    ) -> None:
+        """Send one piece and check what it found cached: at least the pieces
+        answered before it was sent (fewer: the cache did not hold); ``started`` is
+        set once the engine has begun to answer, ``done`` when it is all over."""
+        try:
+            await self._checked(run, admitted, piece, run.answered, started)
+        finally:
+            done.set()
+
+    async def _checked(
+        self, run: _Run, admitted: Admitted, piece: Piece, answered: int, started: anyio.Event
+    ) -> None:
+        engine, facts = admitted.engine, self.board[admitted.engine]
+        try:
+            ids = run.pieced.ids[: piece.end]
+            cached, sent = await self._send(run.ticket, admitted, ids, started)
+        except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
+            logger.warning("%s: piece %d failed on %s: %s", run.ticket.id, piece.index, engine, exc)
+            run.failed = run.failed or "piece_failed"
+            return
+        finally:
+            started.set()
+            self.admission.finished(admitted.job_id)
+            run.room.release()
+        self.metrics.pieces.labels(engine).inc()
+        now = self.clock.now()
+        if not cache_held(answered, cached):
+            run.failed = "cache_miss"
+            if facts.enabled:
+                facts.disable(_miss(piece, answered, cached))
+                logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
+            return
+        facts.observe(piece.new_tokens, now - max(sent, run.answered_at))
+        run.answered, run.answered_at = max(run.answered, piece.end), now
+
+    async def _send(
+        self, ticket: Ticket, admitted: Admitted, ids: list[int], started: anyio.Event
+    ) -> tuple[int | None, float]:
+        """One piece: its ``cached_tokens`` (None: not reported), and when it was
+        sent; ``started`` is set once the engine has begun to answer."""
+        client = self.pool.client_for(admitted.engine)
+        body: dict[str, Any] = {
+            "model": ticket.req.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if client.config.scheduling_policy == "priority":
+            body["priority"] = ticket.req.cls.engine_priority
+        sent = self.clock.now()
+        usage: dict[str, Any] = {}
+        with anyio.fail_after(PIECE_TIMEOUT_S):
+            async with client.stream("/v1/completions", body) as response:
+                started.set()
+                reader = SSEReader()
+                async for chunk in response.aiter_raw():
+                    for event in reader.feed(chunk):
+                        if event.data is not None and isinstance(event.data.get("usage"), dict):
+                            usage = event.data["usage"]
+        return _cached(usage), sent
+
+
+@dataclass
+class _Run:
+    """One prompt's pieces under way: the engine they are pinned to, the end of the
+    pieces answered (and when), the room for pieces in flight, and why piecing
+    stopped (``cache_miss``, ``piece_failed``; None: it did not)."""
+
+    ticket: Ticket
+    pieced: Pieced
+    room: anyio.Semaphore
+    engine: str | None = None
+    answered: int = 0
+    answered_at: float = 0.0
+    failed: str | None = None
+
+
+def _cached(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+
+
+def _miss(piece: Piece, expected: int, cached: int | None) -> str:
+    if cached is None:
+        return (
+            "the engine does not report cached_tokens, so pieces cannot be checked "
+            "(start it with --enable-prompt-tokens-details)"
+        )
+    return (
+        f"the cache did not hold: piece {piece.index} found {cached} of "
+        f"{expected} tokens cached (evicted, or prefix caching off)"
+    )

@@ -1,0 +1,238 @@
+"""Piecing at the edge, in-process over fake engines: the pieces sent, the cache
+check and its fallback, a failed piece, and what ``/turn`` and ``/metrics`` say."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from proxy.api.app import create_app
+from proxy.clock import VirtualClock
+from proxy.config import Settings
+from proxy.server import ProxyState
+
+from .helpers import (
+    COMPLETIONS,
+    METRICS,
+    Call,
+    FakeEngines,
+    completion_chunk,
+    completion_events,
+    sse,
+    stream_response,
+    text,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
+
+CACHE_INFO = (
+    "# HELP vllm:cache_config_info Information of the KV cache config.\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",enable_prefix_caching="%s",engine="0"} 1.0\n'
+)
+TOKENS = 2000
+PROMPT = "a long batch prompt"
+
+
+class CachingEngines(FakeEngines):
+    """Fake engines with token ids on ``/tokenize`` and a prefix cache that reports
+    ``cached`` (a function of the prompt's token ids) for each request."""
+
+    def __init__(self, caching: str = "True") -> None:
+        super().__init__(a=["m"])
+        self.clock = VirtualClock()
+        self.token_count = TOKENS
+        self.caching = caching
+        self.cache: set[int] = set()  # prefix lengths the engine holds
+        self.report_cached = True
+        self.fail_piece: int | None = None
+        self.generate = self.answer
+
+    def answer(self, call: Call) -> httpx.Response:
+        prompt = call.body["prompt"]
+        ids = prompt if isinstance(prompt, list) else list(range(TOKENS))
+        if isinstance(prompt, list) and len(self.pieces()) == self.fail_piece:
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        cached = max((n for n in self.cache if n < len(ids)), default=0)
+        self.clock.advance(0.0002 * (len(ids) - cached))  # 0.2 ms a new prompt token
+        self.cache.add(len(ids) // 16 * 16)
+        usage: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": 1}
+        if self.report_cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        if isinstance(prompt, list):  # a piece
+            events = [
+                sse(completion_chunk(text("x", finish="length"))),
+                sse(completion_chunk(usage=usage)),
+            ]
+            return stream_response([*events, b"data: [DONE]\n\n"])
+        return stream_response(completion_events())
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            self.calls.append(Call("a", "/tokenize", None))
+            ids = list(range(self.token_count))
+            return httpx.Response(200, json={"count": len(ids), "tokens": ids})
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS + CACHE_INFO % self.caching)
+        return await super().__call__(request)
+
+    def pieces(self) -> list[int]:
+        return [
+            len(c.body["prompt"])
+            for c in self.seen(COMPLETIONS)
+            if isinstance(c.body["prompt"], list)
+        ]
+
+    def whole(self) -> list[Call]:
+        return [c for c in self.seen(COMPLETIONS) if isinstance(c.body["prompt"], str)]
+
+
+@asynccontextmanager
+async def running(
+    settings: Settings, engines: CachingEngines
+) -> AsyncIterator[tuple[httpx.AsyncClient, ProxyState]]:
+    """The proxy in front of ``engines``, on the engines' clock."""
+    app = create_app(settings, transport=httpx.MockTransport(engines), clock=engines.clock)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            yield client, app.state.proxy
+
+
+def settings(engines: FakeEngines, piecing: str = "auto") -> Settings:
+    return engines.settings(engines=(engines.config("a", piecing=piecing, piece_tokens=512),))
+
+
+async def post(client: httpx.AsyncClient, prompt: str = PROMPT) -> httpx.Response:
+    body = {"model": "m", "prompt": prompt, "max_tokens": 3}
+    return await client.post("/batch/v1/completions", json=body)
+
+
+def facts(state_turn: dict[str, Any]) -> dict[str, Any]:
+    piecing = state_turn["engines"][0]["piecing"]
+    assert isinstance(piecing, dict)
+    return piecing
+
+
+async def test_a_long_batch_prompt_goes_in_block_aligned_pieces_then_whole() -> None:
+    engines = CachingEngines()
+    async with running(settings(engines), engines) as (client, _):
+        response = await post(client)
+        assert response.status_code == 200
+        assert response.json()["choices"][0]["text"] == "Hello world!"
+        # the first piece is configured; then 0.2 ms a token was measured, and with no
+        # chat stream decoding two pieces may take 0.24 s: 600 tokens, 592 in whole blocks
+        pieces = engines.pieces()
+        assert pieces[0] == 512 and pieces[-1] < TOKENS  # the final is the real request
+        assert pieces == sorted(set(pieces)) and all(n % 16 == 0 for n in pieces)
+        assert {b - a for a, b in itertools.pairwise(pieces)} <= {512, 592}
+        assert 592 in {b - a for a, b in itertools.pairwise(pieces)}
+        assert TOKENS - pieces[-1] <= 512
+        assert len(engines.whole()) == 1
+        assert all(c.body["max_tokens"] == 1 for c in engines.seen(COMPLETIONS)[:3])
+        turn = (await client.get("/turn")).json()
+        assert facts(turn)["enabled"] is True and facts(turn)["pieces"] == len(pieces)
+        log = (await client.get("/turn/log")).json()["decisions"]
+        numbers = list(range(1, len(pieces) + 2))
+        assert [d["piece"] for d in log if d["admitted"]] == numbers
+        metrics = (await client.get("/metrics")).text
+        assert f'whoseturn_prefill_pieces_total{{engine="a"}} {len(pieces)}.0' in metrics
+        assert 'whoseturn_prefill_pieced_prompts_total{engine="a"} 1.0' in metrics
+
+
+async def test_when_the_cache_did_not_hold_piecing_stops_and_the_prompt_goes_whole() -> None:
+    engines = CachingEngines()
+    engines.cache = set()
+    original = engines.answer
+
+    def forgetful(call: Call) -> httpx.Response:
+        engines.cache.clear()  # evicted between two pieces
+        return original(call)
+
+    engines.generate = forgetful
+    async with running(settings(engines), engines) as (client, _):
+        response = await post(client)
+        assert response.status_code == 200
+        pieces = engines.pieces()  # a piece found less cached than was answered: stop
+        assert pieces[0] == 512 and 2 <= len(pieces) <= 3
+        assert len(engines.whole()) == 1  # answered once, whole
+        piecing = facts((await client.get("/turn")).json())
+        assert piecing["enabled"] is False and piecing["fallbacks"] == 1
+        assert "did not hold" in piecing["reason"] and "found 0 of 512" in piecing["reason"]
+        metrics = (await client.get("/metrics")).text
+        assert (
+            'whoseturn_prefill_piece_fallbacks_total{engine="a",reason="cache_miss"} 1.0' in metrics
+        )
+        assert (await post(client)).status_code == 200  # the next prompt is not pieced
+        assert engines.pieces() == pieces and len(engines.whole()) == 2
+
+
+async def test_an_engine_that_does_not_report_cached_tokens_is_not_pieced_twice() -> None:
+    engines = CachingEngines()
+    engines.report_cached = False
+    async with running(settings(engines, "on"), engines) as (client, _):
+        assert (await post(client)).status_code == 200
+        assert engines.pieces() == [512]  # the first piece has nothing to check...
+        piecing = facts((await client.get("/turn")).json())
+        assert piecing["enabled"] is False  # ... the second cannot be checked
+        assert "--enable-prompt-tokens-details" in piecing["reason"]
+        assert len(engines.whole()) == 1
+
+
+async def test_a_failed_piece_sends_the_prompt_whole_once() -> None:
+    engines = CachingEngines()
+    engines.fail_piece = 2  # the second piece (calls are counted as they come)
+    async with running(settings(engines), engines) as (client, _):
+        response = await post(client)
+        assert response.status_code == 200
+        assert engines.pieces()[:2] == [512, 1104] and len(engines.pieces()) <= 3
+        assert len(engines.whole()) == 1
+        assert facts((await client.get("/turn")).json())["enabled"] is True
+        metrics = (await client.get("/metrics")).text
+        assert 'reason="piece_failed"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("piecing", "caching", "tokens", "path"),
+    [
+        ("auto", "False", TOKENS, "/batch/v1/completions"),  # no prefix caching
+        ("off", "True", TOKENS, "/batch/v1/completions"),
+        ("auto", "True", 500, "/batch/v1/completions"),  # shorter than one piece
+        ("auto", "True", TOKENS, "/v1/completions"),  # interactive: never pieced
+    ],
+)
+async def test_what_is_not_pieced(piecing: str, caching: str, tokens: int, path: str) -> None:
+    engines = CachingEngines(caching)
+    engines.token_count = tokens
+    async with running(settings(engines, piecing), engines) as (client, _):
+        body = {"model": "m", "prompt": PROMPT, "max_tokens": 3}
+        assert (await client.post(path, json=body)).status_code == 200
+        assert engines.pieces() == [] and len(engines.whole()) == 1
+
+
+async def test_a_client_gone_mid_piece_leaves_nothing_in_the_scheduler() -> None:
+    engines = CachingEngines()
+    release = anyio.Event()
+    original = engines.answer
+
+    async def hanging(call: Call) -> httpx.Response:
+        if isinstance(call.body["prompt"], list) and len(engines.pieces()) == 2:
+            await release.wait()  # the second piece never answers
+        return original(call)
+
+    engines.generate = hanging
+    async with running(settings(engines), engines) as (client, state):
+        with anyio.move_on_after(1.0):
+            await post(client)
+        await anyio.sleep(0.1)
+        assert engines.pieces()[:1] == [512] and len(engines.pieces()) == 2
+        assert engines.whole() == []  # the client's own request was never sent
+        assert state.scheduler.jobs == {}  # every piece's job left the scheduler
+        assert all(not e.inflight for e in state.scheduler.engines.values())
+        release.set()

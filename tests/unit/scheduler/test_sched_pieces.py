@@ -1,0 +1,177 @@
+"""Prefix pieces: the arithmetic of a plan, the piece size, and how the scheduler
+admits the pieces of a long batch prompt (one at a time, pinned, after chat)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.scheduler import HeldReason, Job
+from proxy.scheduler.pieces import (
+    EnginePieces,
+    Piece,
+    PiecingMode,
+    aligned,
+    cache_held,
+    next_piece,
+    piece_size,
+    plan,
+)
+
+from .helpers import B, I, check_accounting, check_turns, engine, job, make, sent
+
+# -- the plan --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("total", "size", "block", "ends"),
+    [
+        (2000, 512, 16, [512, 1024, 1536, 2000]),
+        (2000, 500, 16, [496, 992, 1488, 1984, 2000]),  # rounded down to whole blocks
+        (1024, 512, 16, [512, 1024]),  # a whole number of pieces: the final has 512 new
+        (1025, 512, 16, [512, 1024, 1025]),  # the final has one new token
+        (300, 512, 16, [300]),  # shorter than one piece: sent whole
+        (512, 512, 16, [512]),  # exactly one piece: sent whole
+        (100, 10, 16, [16, 32, 48, 64, 80, 96, 100]),  # a piece is at least one block
+    ],
+)
+def test_a_plan_covers_the_prompt_in_block_aligned_prefixes(
+    total: int, size: int, block: int, ends: list[int]
+) -> None:
+    pieces = plan(total, size, block)
+    assert [p.end for p in pieces] == ends
+    assert [p.index for p in pieces] == list(range(1, len(ends) + 1))
+    assert [p.final for p in pieces] == [False] * (len(ends) - 1) + [True]
+    assert all(p.end % block == 0 for p in pieces[:-1])
+    # each piece finds the one before it cached and computes only what is new
+    assert [p.cached for p in pieces] == [0, *ends[:-1]]
+    assert sum(p.new_tokens for p in pieces) == total
+    assert 1 <= pieces[-1].new_tokens <= aligned(size, block)
+
+
+def test_the_piece_after_a_given_point_and_bad_input() -> None:
+    assert next_piece(5000, 1024, 512, 16, index=3) == Piece(3, 1536, 1024, final=False)
+    assert next_piece(5000, 4608, 512, 16) == Piece(1, 5000, 4608, final=True)
+    with pytest.raises(ValueError):
+        next_piece(100, 100, 16, 16)
+    with pytest.raises(ValueError):
+        aligned(100, 0)
+
+
+def test_piece_size_follows_the_cost_per_token_within_bounds() -> None:
+    # 0.08 s at 0.2 ms a token: 400 tokens, in whole blocks of 16
+    assert piece_size(0.0002, 0.08, 16, 256, 2048) == 400
+    assert piece_size(0.0002, 0.07, 16, 256, 2048) == 336  # 350 rounded down
+    assert piece_size(0.01, 0.08, 16, 256, 2048) == 256  # slow engine: the floor
+    assert piece_size(0.000001, 0.08, 16, 256, 2048) == 2048  # fast engine: the cap
+    assert piece_size(0.0, 0.08, 16, 256, 2048) == 2048
+
+
+def test_cache_held_needs_the_earlier_pieces_reported_cached() -> None:
+    assert cache_held(512, 512) and cache_held(512, 528) and cache_held(0, 0)
+    assert not cache_held(512, 496)
+    assert not cache_held(512, None)  # not reported: cannot be checked
+
+
+# -- what the proxy knows per engine --------------------------------------------------
+
+
+def test_auto_pieces_only_where_the_engine_reports_prefix_caching() -> None:
+    cases = [
+        (PiecingMode.AUTO, True, True),
+        (PiecingMode.AUTO, None, False),
+        (PiecingMode.AUTO, False, False),
+        (PiecingMode.ON, None, True),
+        (PiecingMode.ON, False, False),
+        (PiecingMode.OFF, True, False),
+    ]
+    for mode, caching, enabled in cases:
+        facts = EnginePieces(mode=mode)
+        facts.discovered(caching, 32)
+        assert facts.enabled is enabled, (mode, caching)
+        assert facts.block_size == 32 and facts.reason
+
+
+def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off() -> None:
+    facts = EnginePieces(mode=PiecingMode.ON, initial_tokens=500, target_s=0.08, window=4)
+    facts.discovered(True, 16)
+    assert facts.piece_tokens == 496 and facts.seconds_per_token is None
+    # 0.1 ms a token: a piece must fit in the gap aim (0.08 s), two in the TTFT
+    # aim (0.24 s): 800 tokens
+    facts.observe(400, 0.04)
+    assert facts.piece_tokens == 800 and facts.pieces == 1
+    # a piece that waited (for a chat, a decode step) does not shrink the next one:
+    # every piece's time bounds the engine's cost from above, the least is kept
+    facts.observe(400, 0.16)
+    assert facts.seconds_per_token == pytest.approx(0.0001)
+    for _ in range(4):  # ... until the engine is slower for a whole window
+        facts.observe(400, 0.08)
+    assert facts.seconds_per_token == pytest.approx(0.0002)
+    assert facts.piece_tokens == 400
+    # with no chat stream decoding there, the two pieces may take the TTFT aim
+    assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
+    facts.disable("the cache did not hold")
+    report = facts.report()
+    assert report["enabled"] is False and report["fallbacks"] == 1
+    assert report["reason"] == "the cache did not hold"
+    assert report["prompt_token_cost_ms"] == pytest.approx(0.2)
+    assert "--long-prefill-token-threshold" in str(report["advice"])
+
+
+# -- the scheduler ------------------------------------------------------------------
+
+BUDGET = {"initial_tokens": 8192, "min_tokens": 512, "max_tokens": 65536}
+
+
+def piece(tokens: int, index: int, *, prompt: str = "p", pinned: str | None = None) -> Job:
+    j = job(B, tokens, id=f"{prompt}#{index}")
+    j.piece, j.pinned = index, pinned
+    return j
+
+
+def test_pieces_are_pinned_and_chat_goes_between_them() -> None:
+    s, _ = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
+    s.submit(piece(512, 1))
+    assert sent(s) == {"p#1": "a"}
+    s.submit(piece(512, 2, pinned="a"))
+    assert sent(s) == {"p#2": "a"}  # pinned: never to the idle b
+    assert s.engines["a"].prefill_tokens(B) == 1024  # each costs its new tokens
+    # a chat arrives and goes to a (its least predicted wait is b's, so pin it to a
+    # by taking b out): the next piece steps aside while it is in prefill
+    s.set_engine_up("b", False)
+    s.submit(job(I, 40, id="chat"))
+    assert sent(s) == {"chat": "a"}
+    s.on_finished("p#1")
+    third = piece(512, 3, pinned="a")
+    s.submit(third)
+    assert sent(s) == {}
+    assert third.held is HeldReason.INTERACTIVE_WAITING
+    check_turns(s)
+    s.on_first_token("chat")
+    assert sent(s) == {"p#3": "a"}
+    log = [(d.job_id, d.piece) for d in s.log if d.admitted]
+    assert log == [("p#1", 1), ("p#2", 2), ("chat", 0), ("p#3", 3)]
+    check_accounting(s, [third])
+
+
+def test_at_most_two_pieces_in_prefill_per_engine() -> None:
+    s, _ = make(engine("a", budget=BUDGET))
+    for j in (piece(512, 1, prompt="x"), piece(512, 1, prompt="y"), piece(512, 1, prompt="z")):
+        s.submit(j)
+    short = job(B, 100, id="short")  # not pieced: waits its turn behind them
+    s.submit(short)
+    assert sent(s) == {"x#1": "a", "y#1": "a"}
+    assert s.jobs["z#1"].held is HeldReason.PREFILL_BUDGET
+    check_turns(s)
+    s.on_first_token("x#1")  # a final request decoding is no longer a piece in prefill
+    assert sent(s) == {"z#1": "a", "short": "a"}
+    check_accounting(s)
+
+
+def test_a_failed_pinned_request_is_unpinned_for_another_engine() -> None:
+    s, _ = make(engine("a", budget=BUDGET), engine("b", budget=BUDGET))
+    final = piece(200, 4, prompt="long", pinned="a")
+    s.submit(final)
+    assert sent(s) == {"long#4": "a"}
+    assert s.on_failed("long#4", retry=True)  # a's cache is lost with it
+    assert final.pinned is None
+    assert sent(s) == {"long#4": "b"}
