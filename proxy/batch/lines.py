@@ -3,9 +3,11 @@ output or error line written for its answer (OpenAI's line shapes)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 import jsonschema
@@ -51,6 +53,24 @@ def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec
         if count > max_lines:
             raise LineError(number, f"more than the limit of {max_lines} requests.")
         yield check_line(raw, number, endpoint)
+
+
+def check_file(path: Path, endpoint: str, max_lines: int) -> int:
+    """Read a whole input file as :func:`read_lines` does, and also find a repeated
+    ``custom_id`` or an empty file (what the store would refuse); the number of
+    requests. Raises :class:`LineError`. Keeps a 16-byte digest per line, not the ids."""
+    seen: set[bytes] = set()
+    count = 0
+    with path.open("rb") as f:
+        for spec in read_lines(f, endpoint, max_lines):
+            digest = hashlib.blake2b(spec.custom_id.encode(), digest_size=16).digest()
+            if digest in seen:
+                raise LineError(spec.idx, f"duplicate custom_id `{spec.custom_id}`")
+            seen.add(digest)
+            count += 1
+    if not count:
+        raise LineError(0, "The input file has no requests.")
+    return count
 
 
 def job_id(batch_id: str, custom_id: str, attempt: int) -> str:

@@ -1,9 +1,10 @@
 """The Files API (purpose ``batch``) and the Batch API, OpenAI's routes and shapes.
 
 Every route checks the API key as the completion routes do. Creating a batch
-checks the request and the input file's record (400); the job is then stored
-``validating`` and the runner reads its lines (a bad line fails the job with
-OpenAI's ``errors``, as at OpenAI).
+checks the request, the input file's record and every line of the file, as a stream
+(400 naming the first bad line; nothing is stored); the job is then stored
+``validating`` and the runner reads its lines into the store (a line it still
+refuses, say a file deleted meanwhile, fails the job with OpenAI's ``errors``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.datastructures import UploadFile
 
 from proxy.api.errors import APIError, bad_request
 from proxy.api.inputs import check_api_key
-from proxy.batch.lines import ENDPOINTS
+from proxy.batch.lines import ENDPOINTS, check_file
 from proxy.batch.runner import BatchRunner
 from proxy.batch.shapes import batch_object, file_object, page, window_seconds
 from proxy.batch.store import (
@@ -31,6 +32,7 @@ from proxy.batch.store import (
     BatchStore,
     FileRecord,
     Json,
+    LineError,
     NewBatch,
 )
 from proxy.batch.view import jobs_body
@@ -212,11 +214,25 @@ async def _create(api: BatchAPI, body: Json) -> BatchRecord:
         raise bad_request("`metadata` must map strings to strings.", param="metadata")
     file_id = body.get("input_file_id")
     await _input_file(api, file_id)
+    await _check_lines(api, str(file_id), str(endpoint))
     meta: Mapping[str, str] | None = metadata
     new = NewBatch(
         f"batch_{uuid.uuid4().hex}", str(endpoint), str(file_id), str(window), window_s, meta
     )
     return await api.store.add_batch(new)
+
+
+async def _check_lines(api: BatchAPI, file_id: str, endpoint: str) -> None:
+    """Every line of the input file checked before the job exists (a stream, off the
+    event loop): a bad one is a 400 naming it, and nothing is stored."""
+    limit = api.settings.batch_max_lines
+    try:
+        async with api.store.local_file(file_id) as path:
+            await anyio.to_thread.run_sync(check_file, path, endpoint, limit)
+    except LineError as exc:
+        raise bad_request(str(exc), param="input_file_id") from None
+    except OSError:
+        raise bad_request(f"The input file `{file_id}` is gone.", param="input_file_id") from None
 
 
 async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:

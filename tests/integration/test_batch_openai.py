@@ -230,17 +230,17 @@ BAD_LINES: list[tuple[list[Any], str]] = [
 
 
 @pytest.mark.parametrize(("lines", "message"), BAD_LINES)
-def test_bad_lines_fail_the_job(client: openai.OpenAI, lines: list[Any], message: str) -> None:
-    """As at OpenAI: the job is created ``validating``, then ``failed`` with ``errors``."""
+def test_bad_lines_are_400_naming_the_line(
+    client: openai.OpenAI, lines: list[Any], message: str
+) -> None:
+    """Every line is checked when the job is created: a bad one is a 400 that names
+    it, through the official client, and no job is stored."""
     uploaded = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
-    created = client.batches.create(
-        input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h"
-    )
-    assert created.status == "validating"
-    done = wait_done(client, created.id)
-    assert done.status == "failed" and done.failed_at is not None and done.errors is not None
-    assert done.errors.data is not None and message in str(done.errors.data[0].message)
-    assert done.output_file_id is None
+    before = len(client.batches.list(limit=100).data)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    assert caught.value.status_code == 400 and message in caught.value.message
+    assert len(client.batches.list(limit=100).data) == before
 
 
 @pytest.mark.parametrize(
