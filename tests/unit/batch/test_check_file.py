@@ -29,17 +29,17 @@ def test_a_good_file_counts_its_requests_and_skips_blank_lines(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    ("lines", "number", "why"),
+    ("lines", "limit", "number", "why"),
     [
-        ((line("a"), line("b"), line("a")), 3, "duplicate custom_id `a`"),
-        ((line("a"), "{oops"), 2, "not valid JSON"),
-        ((line("a"), line("b"), line("c")), 3, "limit of 2"),
-        (("",), 0, "no requests"),
+        ((line("a"), line("b"), line("a")), 10, 3, "duplicate custom_id `a`"),
+        ((line("a"), "{oops"), 10, 2, "not valid JSON"),
+        ((line("a"), line("b"), line("c")), 2, 3, "limit of 2"),
+        (("",), 10, 0, "no requests"),
     ],
 )
 def test_the_first_bad_line_is_named(
-    tmp_path: Path, lines: tuple[str, ...], number: int, why: str
+    tmp_path: Path, lines: tuple[str, ...], limit: int, number: int, why: str
 ) -> None:
     with pytest.raises(LineError) as caught:
-        check_file(write(tmp_path, *lines), CHAT, 2)
+        check_file(write(tmp_path, *lines), CHAT, limit)
     assert caught.value.line == number and why in str(caught.value)
