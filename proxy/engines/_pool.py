@@ -70,7 +70,16 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self._turn = (self._turn + 1) % len(self._shards)
-        return await self._shards[self._turn].handle_async_request(request)
+        try:
+            return await self._shards[self._turn].handle_async_request(request)
+        except AttributeError as exc:
+            # anyio on uvloop: a connection the engine closed while httpcore was still
+            # setting it up has no socket left, and asking it for its TLS object raises
+            # AttributeError (seen when an engine was killed mid-run). Nothing was
+            # sent yet: it is a failed connect, retried elsewhere like any other.
+            raise httpx.ConnectError(
+                f"the connection closed while it was being set up ({exc})", request=request
+            ) from exc
 
     async def aclose(self) -> None:
         for shard in self._shards:

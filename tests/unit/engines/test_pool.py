@@ -105,3 +105,17 @@ async def test_the_sharded_transport_spreads_requests_over_its_pools_in_turn() -
             assert (await c.get("http://e:1/health")).status_code == 200
     assert sorted(seen[:3]) == [0, 1, 2] and seen[3:6] == seen[:3] and len(seen) == 7
     assert sorted(closed) == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_connection_gone_while_it_was_set_up_is_a_connect_error() -> None:
+    """anyio on uvloop raises AttributeError for a socket the peer closed during
+    connection setup; the client sees httpx.ConnectError (nothing was sent)."""
+
+    class Closing(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+
+    async with httpx.AsyncClient(transport=ShardedTransport([Closing()])) as c:
+        with pytest.raises(httpx.ConnectError, match="closed while it was being set up"):
+            await c.get("http://e:1/health")
