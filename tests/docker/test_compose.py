@@ -1,5 +1,6 @@
 """``deploy/compose/compose.yaml`` through Debian's ``docker-compose``: ``config`` accepts
-both profiles, and the part of the laptop profile whose images are local (the two
+both profiles, and the postgres profile with ``postgres.env`` (every proxy replica then
+on the stack's PostgreSQL), and the part of the laptop profile whose images are local (the two
 simulated engines and the proxy, all from the image the tier built) comes up on a
 compose network and serves: both engines ready, a chat request, a Batch API job kept
 on the named volume, metrics. Prometheus and Grafana are published images that no
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.support import MODEL
 from tests.support.processes import free_port, loopback_url, wait_until_ok
@@ -50,6 +52,18 @@ def test_compose_config_accepts_the_profile(profile: str) -> None:
     services = compose("--profile", profile, "config", "--services", env={}).split()
     engines = {"laptop": ["sim-0", "sim-1"], "gpu": ["vllm-0", "vllm-1"]}[profile]
     assert set(engines) <= set(services)
+
+
+def test_compose_config_accepts_the_postgres_profile_with_its_env_file() -> None:
+    args = ["--env-file", "postgres.env", "--profile", "laptop", "--profile", "postgres"]
+    config = yaml.safe_load(compose(*args, "config", env={}))
+    services = config["services"]
+    assert {"postgres", "whoseturn", "whoseturn-2"} <= set(services)
+    for proxy in ("whoseturn", "whoseturn-2"):
+        environment = services[proxy]["environment"]
+        assert environment["WHOSETURN_BATCH_STORE"] == "postgres", proxy
+        assert "@postgres:5432/" in environment["WHOSETURN_BATCH_DSN"], proxy
+        assert environment["WHOSETURN_LEDGER_DSN"] == environment["WHOSETURN_BATCH_DSN"]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,13 @@
 """``deploy/compose/`` checked offline, in both profiles: the compose file parses; every
 file it mounts exists in the repository; the engines each profile starts answer to the
 names and port the proxy's settings (loaded by the proxy's own loader) and Prometheus'
-targets use; the proxy's port lines up with its published port and its scrape target;
-Prometheus loads ``deploy/prometheus/rules.yml``; Grafana's provisioning points at the
-stack's Prometheus and at the mounted ``dashboards/``. Images are either built from the
-repository's Dockerfile or named from their publishers' repositories."""
+targets use; the postgres profile's PostgreSQL (official Debian-based image, named
+volume, healthcheck) is where both proxy replicas' Batch API store and budget ledger
+point once ``postgres.env`` is used, and nowhere without it; the proxy's port lines up
+with its published port and its scrape target; Prometheus loads
+``deploy/prometheus/rules.yml``; Grafana's provisioning points at the stack's Prometheus
+and at the mounted ``dashboards/``. Images are either built from the repository's
+Dockerfile or named from their publishers' repositories."""
 
 from __future__ import annotations
 
@@ -22,24 +25,36 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy/compose"
 PROFILES = ("laptop", "gpu")
 ALWAYS = {"whoseturn", "prometheus", "grafana"}
-PUBLISHED = ("vllm/vllm-openai:", "prom/prometheus:", "grafana/grafana:")
+PROXIES = ("whoseturn", "whoseturn-2")
+PUBLISHED = ("vllm/vllm-openai:", "prom/prometheus:", "grafana/grafana:", "postgres:")
 PROXY_IMAGE = "whoseturn:local"
 
 
-def with_defaults(value: Any) -> Any:
-    """Compose's ``${NAME:-default}`` interpolation with the environment empty."""
+def with_defaults(value: Any, env: dict[str, str] | None = None) -> Any:
+    """Compose's ``${NAME:-default}`` interpolation (the environment empty unless given)."""
+    env = env or {}
     if isinstance(value, str):
-        return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+        return re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}", lambda m: env.get(m[1]) or m[2], value)
     if isinstance(value, list):
-        return [with_defaults(v) for v in value]
+        return [with_defaults(v, env) for v in value]
     if isinstance(value, dict):
-        return {k: with_defaults(v) for k, v in value.items()}
+        return {k: with_defaults(v, env) for k, v in value.items()}
     return value
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """A compose ``--env-file``: ``NAME=value`` lines, ``#`` comments."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def read_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return dict(with_defaults(yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text()), env))
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return dict(with_defaults(yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())))
+    return read_compose()
 
 
 def services_in(compose: dict[str, Any], profile: str) -> dict[str, dict[str, Any]]:
@@ -48,6 +63,73 @@ def services_in(compose: dict[str, Any], profile: str) -> dict[str, dict[str, An
         for name, s in compose["services"].items()
         if not s.get("profiles") or profile in s["profiles"]
     }
+
+
+def proxy_env(service: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in service["environment"].items()}
+
+
+def test_postgres_profile_is_postgresql_on_a_named_volume_with_a_healthcheck(
+    compose: dict[str, Any],
+) -> None:
+    postgres = compose["services"]["postgres"]
+    assert postgres["profiles"] == ["postgres"]
+    image, _, tag = postgres["image"].partition(":")
+    assert image == "postgres" and tag.endswith(("-bookworm", "-trixie")), postgres["image"]
+    (volume,) = postgres["volumes"]
+    name, target = volume.split(":")
+    assert name in compose["volumes"] and target == "/var/lib/postgresql/data"
+    check = postgres["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "pg_isready"]
+    environment = postgres["environment"]
+    assert flag(check, "--username") == environment["POSTGRES_USER"]
+    assert flag(check, "--dbname") == environment["POSTGRES_DB"]
+    second = compose["services"]["whoseturn-2"]
+    assert second["profiles"] == ["postgres"]
+    assert second["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+def test_postgres_env_points_every_replica_at_the_stacks_postgresql(proxy: str) -> None:
+    env = env_file(COMPOSE_DIR / "postgres.env")
+    compose = read_compose(env)
+    postgres = compose["services"]["postgres"]["environment"]
+    settings = load_settings(
+        str(COMPOSE_DIR / "whoseturn.yaml"),
+        env=proxy_env(compose["services"][proxy]),
+        cwd=COMPOSE_DIR,
+    )
+    assert settings.batch_store == "postgres"
+    for dsn in (settings.batch_dsn, settings.ledger_dsn):
+        url = urlsplit(dsn)
+        assert (url.hostname, url.port) == ("postgres", 5432), proxy
+        assert url.username == postgres["POSTGRES_USER"]
+        assert url.password == postgres["POSTGRES_PASSWORD"]
+        assert url.path == "/" + postgres["POSTGRES_DB"]
+    assert settings.batch_dsn == settings.ledger_dsn
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+def test_without_postgres_env_the_proxy_keeps_sqlite_and_its_own_budget(
+    compose: dict[str, Any], proxy: str
+) -> None:
+    settings = load_settings(
+        str(COMPOSE_DIR / "whoseturn.yaml"),
+        env=proxy_env(compose["services"][proxy]),
+        cwd=COMPOSE_DIR,
+    )
+    assert (settings.batch_store, settings.batch_dsn, settings.ledger_dsn) == ("sqlite", "", "")
+
+
+def test_the_replicas_publish_different_ports_and_keep_their_own_volumes(
+    compose: dict[str, Any],
+) -> None:
+    ports = [compose["services"][p]["ports"][0].split(":") for p in PROXIES]
+    assert len({host for host, _ in ports}) == len(PROXIES)
+    named = [
+        v.split(":")[0] for p in PROXIES for v in compose["services"][p]["volumes"] if v[0] != "."
+    ]
+    assert len(set(named)) == len(named)
 
 
 def flag(command: list[str], name: str) -> str:
@@ -72,7 +154,7 @@ def test_profiles_are_laptop_and_gpu_and_the_rest_runs_in_both(
     compose: dict[str, Any],
 ) -> None:
     profiled = {p for s in compose["services"].values() for p in s.get("profiles", [])}
-    assert profiled == set(PROFILES)
+    assert profiled == {*PROFILES, "postgres"}
     unprofiled = {n for n, s in compose["services"].items() if not s.get("profiles")}
     assert unprofiled == ALWAYS
 

@@ -1,4 +1,4 @@
-"""``deploy/k8s/`` checked offline: both overlays rendered and every object validated.
+"""``deploy/k8s/`` checked offline: every overlay rendered and every object validated.
 
 There is no ``kustomize`` binary here, so :func:`render` implements the part of
 kustomize these files use (resources, RFC 6902 ``patches`` by kind and name, ``labels``
@@ -9,7 +9,10 @@ lack, is checked field by field. Then the objects must line up: selectors and po
 labels, named ports and probes, the ConfigMap key the proxy reads (loaded by the
 proxy's own settings loader), the engine's headless Service and the URL the proxy
 dials, the disruption budget and the replicas, and the init container that merges the
-API keys Secret into the settings (run here on files).
+API keys Secret into the settings (run here on files), and the PostgreSQL Secret: its
+keys optional in the base (no Batch API, a budget per replica without it), required by
+overlays/postgres, where every replica's Batch API store and budget ledger are the one
+PostgreSQL it names.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from proxy.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
-OVERLAYS = ("gpu", "laptop")
+OVERLAYS = ("gpu", "laptop", "postgres")
+ON_GPU = {"gpu", "postgres"}  # overlays/postgres is the gpu overlay and PostgreSQL
+POSTGRES_SECRET = "whoseturn-postgres"
 KUBERNETES = "1.30.0"
 Object = dict[str, Any]
 
@@ -79,12 +84,17 @@ def json_patch(document: Object, operation: dict[str, Any]) -> None:
     node: Any = document
     for part in parents:
         node = node[int(part)] if isinstance(node, list) else node[part]
-    key: Any = int(last) if isinstance(node, list) else last
+    key: Any = last
+    if isinstance(node, list):
+        key = len(node) if last == "-" else int(last)
     op = operation["op"]
     if op == "remove" or op == "replace":
         assert key in node if isinstance(node, dict) else key < len(node), operation
     if op == "remove":
         del node[key]
+    elif op == "add" and isinstance(node, list):  # insert before the index (or append)
+        assert key <= len(node), operation
+        node.insert(key, copy.deepcopy(operation["value"]))
     elif op in {"add", "replace"}:
         node[key] = copy.deepcopy(operation["value"])
     else:
@@ -232,7 +242,7 @@ def test_engines_per_overlay(overlay: tuple[str, list[Object]]) -> None:
     name, objects = overlay
     (engine,) = one(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"]
     gpus = engine["resources"].get("limits", {}).get("nvidia.com/gpu")
-    if name == "gpu":
+    if name in ON_GPU:
         assert engine["image"].startswith("vllm/vllm-openai:") and gpus == "1"
     else:
         assert engine["image"] == "whoseturn:0.1.0" and gpus is None
@@ -241,13 +251,70 @@ def test_engines_per_overlay(overlay: tuple[str, list[Object]]) -> None:
         assert ":" in c["image"], c["name"]
 
 
-def test_the_replicas_share_a_ledger_when_its_secret_exists(
+def pod_env(container: Object, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's environment as the kubelet gives it, from these Secrets."""
+    env = {}
+    for entry in container["env"]:
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"]["secretKeyRef"]
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        if value is not None:
+            env[entry["name"]] = value
+        else:  # a missing optional key leaves the variable out; a required one stops the pod
+            assert ref["optional"] is True, f"{entry['name']}: {ref} is required"
+    return env
+
+
+def proxy_settings(objects: list[Object], env: dict[str, str], tmp_path: Path) -> Any:
+    config = tmp_path / "whoseturn.yaml"
+    config.write_text(one(objects, "ConfigMap", "whoseturn")["data"]["whoseturn.yaml"])
+    return load_settings(str(config), env=env, cwd=tmp_path)
+
+
+def test_postgres_dsns_come_from_one_secret_with_optional_keys_in_the_base(
     overlay: tuple[str, list[Object]],
 ) -> None:
-    _, objects = overlay
+    name, objects = overlay
     (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
-    ref = env["WHOSETURN_LEDGER_DSN"]["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": "whoseturn-ledger", "key": "dsn", "optional": True}
-    env_only = {"WHOSETURN_LEDGER_DSN": "postgresql://db/x", "WHOSETURN_ENGINES": "http://e:1"}
-    assert load_settings(env=env_only, cwd=Path("/nonexistent")).ledger_dsn == "postgresql://db/x"
+    for variable, key in (
+        ("WHOSETURN_LEDGER_DSN", "ledger_dsn"),
+        ("WHOSETURN_BATCH_DSN", "batch_dsn"),
+    ):
+        ref = env[variable]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": POSTGRES_SECRET, "key": key, "optional": name != "postgres"}
+
+
+def test_without_the_secret_the_batch_api_is_off_and_each_replica_keeps_its_budget(
+    overlay: tuple[str, list[Object]], tmp_path: Path
+) -> None:
+    name, objects = overlay
+    if name == "postgres":
+        (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        with pytest.raises(AssertionError, match="is required"):
+            pod_env(container, {})
+        return
+    (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"]["containers"]
+    settings = proxy_settings(objects, pod_env(container, {}), tmp_path)
+    assert (settings.ledger_dsn, settings.batch_dsn, settings.batch_store_path) == ("", "", "")
+
+
+def test_with_the_secret_every_replica_shares_jobs_and_budget_through_postgres(
+    overlay: tuple[str, list[Object]], tmp_path: Path
+) -> None:
+    name, objects = overlay
+    proxy = one(objects, "Deployment", "whoseturn")
+    assert proxy["spec"]["replicas"] >= 2  # one pod template: every replica reads the same
+    (container,) = proxy["spec"]["template"]["spec"]["containers"]
+    dsn = "postgresql://whoseturn:secret@postgres:5432/whoseturn"
+    secret = {POSTGRES_SECRET: {"ledger_dsn": dsn, "batch_dsn": dsn}}
+    settings = proxy_settings(objects, pod_env(container, secret), tmp_path)
+    assert settings.ledger_dsn == dsn  # the shared budget, in every overlay
+    if name == "postgres":  # the Batch API on, its store shared
+        assert (settings.batch_store, settings.batch_dsn) == ("postgres", dsn)
+    else:
+        assert settings.batch_store == "sqlite" and settings.batch_store_path == ""
