@@ -191,16 +191,21 @@ class EngineScheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring for the rules).
 
-        The plan is empty only when there is nothing to do. When every request tried
+        The plan is empty only when there is nothing to do (planned ahead, nothing
+        until the step in flight is applied). When every request tried
         preempted itself (possible under the priority policy), vLLM runs an empty
         step and plans again; here planning goes on at once, so that no driver takes
         the empty plan for an idle engine.
         """
         out = self._plan()
         while out.is_empty and out.preempted:
-            preempted = out.preempted
-            out = self._plan()
-            out.preempted[:0] = preempted
+            again = self._plan()
+            if again.is_empty and not again.preempted:
+                # Planned ahead under async scheduling, a step may have nothing to
+                # do until the one in flight is applied (its requests all finish).
+                break
+            again.preempted[:0] = out.preempted
+            out = again
         for chunk in out.chunks:
             request = self.requests[chunk.request_id]
             request.num_inflight_tokens += chunk.num_tokens
