@@ -45,6 +45,7 @@ ENGINE_FLAGS = (
     "block_size",
     "num_gpu_blocks_override",
     "enable_prefix_caching",
+    "async_scheduling",
 )
 SERVING_FLAGS = ("host", "port", "served_model_name", "time_scale")
 
@@ -214,6 +215,8 @@ def _add_engine_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
         ("--num-gpu-blocks-override", count, "KV-cache blocks (default: the profile's)"),
         ("--enable-prefix-caching", switch, "reuse the KV cache of repeated prefixes "
          "(default: on)"),
+        ("--async-scheduling", switch, "plan each step while the one before it runs, as "
+         "vLLM does on a GPU (default: the profile's: what vLLM 0.32 picks there)"),
     ]  # fmt: skip
     for flag, kind, text in flags:
         p.add_argument(flag, default=unset, help=text, **kind)
@@ -286,6 +289,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks_override,
         enable_prefix_caching=given("enable_prefix_caching", True),
+        async_scheduling=getattr(args, "async_scheduling", None),
     )
     return SimSettings(
         profile=profile,

@@ -97,7 +97,11 @@ class KVCacheManager:
         """
         computed_blocks = computed_blocks or []
         held = self._req_blocks.setdefault(request.request_id, [])
-        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        num_computed = (
+            request.num_computed_tokens
+            + request.num_inflight_tokens
+            + len(computed_blocks) * self.block_size
+        )
         total = num_computed + num_new_tokens
         needed = -(-total // self.block_size) - len(held) - len(computed_blocks)
         reclaimed = sum(1 for b in computed_blocks if self._ref_cnt[b] == 0)

@@ -47,13 +47,18 @@ class StepCost:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineDefaults:
-    """Engine settings a profile suggests; command-line flags override them."""
+    """Engine settings a profile suggests; command-line flags override them.
+
+    ``async_scheduling`` is what vLLM chooses on the profile's platform when not told
+    (see docs/simulator.md); a profile that does not say runs without it.
+    """
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 8192
     block_size: int = 16
     num_gpu_blocks: int = 8192
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +96,10 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
         if not number or not math.isfinite(value) or value < 0:
             raise ProfileError(f"{where}: step.{key} must be a non-negative number")
     for key, value in vars(engine).items():
+        if key == "async_scheduling":
+            if not isinstance(value, bool):
+                raise ProfileError(f"{where}: engine.{key} must be true or false")
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ProfileError(f"{where}: engine.{key} must be a positive integer")
     profile: Profile = _build(Profile, {**body, "step": step, "engine": engine}, where)

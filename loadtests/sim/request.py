@@ -31,6 +31,12 @@ class SimRequest:
     seed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # Tokens in a planned step that has not finished yet, and the tokens that step
+    # will sample: both are non-zero between planning and applying a step, which
+    # under async scheduling overlaps the planning of the next step (vLLM's
+    # ``num_output_placeholders``).
+    num_inflight_tokens: int = 0
+    num_output_placeholders: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     # Prefix-cache hit found when the request was first scheduled (-1: not yet).
     num_cached_tokens: int = -1

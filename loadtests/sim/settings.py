@@ -35,11 +35,14 @@ def scheduler_config(
     block_size: int | None = None,
     num_gpu_blocks: int | None = None,
     enable_prefix_caching: bool = True,
+    async_scheduling: bool | None = None,
 ) -> SchedulerConfig:
     """Engine flags over the profile's defaults.
 
     With chunked prefill off and no explicit token budget, the budget grows to
     ``max_model_len`` so that any prompt fits in one step (vLLM does the same).
+    ``async_scheduling`` None takes the profile's, the choice vLLM makes on the
+    platform the profile stands for.
     """
     d = profile.engine
     model_len = max_model_len or d.max_model_len
@@ -56,4 +59,5 @@ def scheduler_config(
         block_size=block_size or d.block_size,
         num_gpu_blocks=num_gpu_blocks or d.num_gpu_blocks,
         enable_prefix_caching=enable_prefix_caching,
+        async_scheduling=d.async_scheduling if async_scheduling is None else async_scheduling,
     )

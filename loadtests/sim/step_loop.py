@@ -5,6 +5,14 @@ how long the step takes in model time), lets that much model time pass in whatev
 way suits it (sleeping in the server, advancing a virtual clock in tests), then calls
 :meth:`SimEngine.finish_step` to apply it. Requests added or aborted between the two
 calls are seen by the next step, as in vLLM's engine loop.
+
+With ``async_scheduling`` (vLLM's ``EngineCore.step_with_batch_queue`` with a batch
+queue of two), planning a step also plans the one after it, before this one's
+results are applied: vLLM schedules step N+1 right after launching step N and only
+then waits for N's output. So a request that arrives while step N runs is first
+scheduled in step N+2, one step later than without it, while a request arriving
+at an idle engine starts at once either way; step N's tokens are still released
+when step N ends.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ class SimEngine:
         self._ids = itertools.count()
         self._steps = itertools.count()
         self._seeds: dict[str, int] = {}
+        # Under async scheduling: the next step, planned while the last one ran.
+        self._next: SchedulerOutput | None = None
 
     def _sample(self, request: SimRequest, index: int) -> int:
         return self.tokenizer.sample(request.seed, index)
@@ -108,6 +118,10 @@ class SimEngine:
         return self.scheduler.has_unfinished_requests
 
     @property
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
@@ -124,16 +138,26 @@ class SimEngine:
     def begin_step(self, start: float | None = None) -> StepPlan | None:
         """Plan the next step, starting now or at ``start`` (a driver that anchors
         steps back to back passes the previous step's end); None when idle."""
+        output, self._next = self._next, None
+        if output is None:
+            output = self._schedule()
+            if output is None:
+                return None
+        now = self.clock.now() if start is None else start
+        for rid in output.newly_scheduled:
+            request = self.scheduler.requests.get(rid)
+            if request is not None:
+                request.first_scheduled_time = max(now, request.arrival_time)
+        plan = StepPlan(next(self._steps), now, step_seconds(self.cost, output), output)
+        if self.config.async_scheduling:
+            self._next = self._schedule()
+        return plan
+
+    def _schedule(self) -> SchedulerOutput | None:
         if not self.scheduler.has_unfinished_requests:
             return None
         output = self.scheduler.schedule()
-        if output.is_empty:
-            return None
-        now = self.clock.now() if start is None else start
-        for rid in output.newly_scheduled:
-            request = self.scheduler.requests[rid]
-            request.first_scheduled_time = max(now, request.arrival_time)
-        return StepPlan(next(self._steps), now, step_seconds(self.cost, output), output)
+        return None if output.is_empty else output
 
     def finish_step(self, plan: StepPlan) -> StepResult:
         """Apply a planned step; token times are the step's end in model time."""

@@ -17,6 +17,13 @@ Each call to :meth:`EngineScheduler.schedule` plans one engine step:
 :meth:`update_from_output` applies a finished step: computed tokens advance, a
 request whose tokens are all computed samples its next token, and finished requests
 release their blocks. Nothing here does I/O or reads a clock.
+
+The next step may be planned before the last one is applied (vLLM's async
+scheduling, driven by :class:`loadtests.sim.step_loop.SimEngine`): tokens of a planned
+step count as computed, and a token it will sample as a placeholder, so a request
+whose prefill ends in the step in flight decodes in the next one, as in vLLM's
+``AsyncScheduler``; a request whose in-flight step samples its last token is not
+planned again.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class SchedulerConfig:
     block_size: int = 16
     num_gpu_blocks: int = 8192
     enable_prefix_caching: bool = True
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -68,6 +76,9 @@ class ScheduledChunk:
     num_tokens: int
     num_computed_before: int
     is_decode: bool
+    # The request's preemption count when planned: a step planned before a
+    # preemption is not applied to the recomputed request.
+    num_preemptions: int = 0
 
 
 @dataclass
@@ -171,6 +182,8 @@ class EngineScheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_inflight_tokens = 0
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
@@ -178,17 +191,39 @@ class EngineScheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring for the rules).
 
-        The plan is empty only when there is nothing to do. When every request tried
+        The plan is empty only when there is nothing to do (planned ahead, nothing
+        until the step in flight is applied). When every request tried
         preempted itself (possible under the priority policy), vLLM runs an empty
         step and plans again; here planning goes on at once, so that no driver takes
         the empty plan for an idle engine.
         """
         out = self._plan()
         while out.is_empty and out.preempted:
-            preempted = out.preempted
-            out = self._plan()
-            out.preempted[:0] = preempted
+            again = self._plan()
+            if again.is_empty and not again.preempted:
+                # Planned ahead under async scheduling, a step may have nothing to
+                # do until the one in flight is applied (its requests all finish).
+                break
+            again.preempted[:0] = out.preempted
+            out = again
+        for chunk in out.chunks:
+            request = self.requests[chunk.request_id]
+            request.num_inflight_tokens += chunk.num_tokens
+            if self._computed(request) >= request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
         return out
+
+    @staticmethod
+    def _computed(request: SimRequest) -> int:
+        return request.num_computed_tokens + request.num_inflight_tokens
+
+    def _done_once_applied(self, request: SimRequest) -> bool:
+        """Whether the steps in flight sample the request's last token."""
+        placeholders = request.num_output_placeholders
+        return placeholders > 0 and (
+            len(request.output_token_ids) + placeholders >= request.max_tokens
+            or request.num_tokens + placeholders >= self.config.max_model_len
+        )
 
     def _plan(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -202,7 +237,11 @@ class EngineScheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = self._cap(request.num_tokens - request.num_computed_tokens, budget)
+            if self._done_once_applied(request):
+                index += 1
+                continue
+            needed = request.num_tokens + request.num_output_placeholders
+            num_new = self._cap(needed - self._computed(request), budget)
             if num_new <= 0:
                 index += 1
                 continue
@@ -249,26 +288,35 @@ class EngineScheduler:
             out.chunks.append(self._chunk(request, num_new))
             budget -= num_new
 
-    @staticmethod
-    def _chunk(request: SimRequest, num_new: int) -> ScheduledChunk:
-        is_decode = num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens
-        return ScheduledChunk(request.request_id, num_new, request.num_computed_tokens, is_decode)
+    @classmethod
+    def _chunk(cls, request: SimRequest, num_new: int) -> ScheduledChunk:
+        computed = cls._computed(request)
+        is_decode = num_new == 1 and computed >= request.num_prompt_tokens
+        return ScheduledChunk(
+            request.request_id, num_new, computed, is_decode, request.num_preemptions
+        )
 
     # -- results ---------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput) -> list[TokenOutput]:
         """Apply a finished step; returns the tokens sampled in it, in plan order.
 
-        Requests aborted while the step ran are skipped.
+        Requests aborted, or preempted, since the step was planned are skipped.
         """
         tokens: list[TokenOutput] = []
         for chunk in out.chunks:
             request = self.requests.get(chunk.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            if (
+                request is None
+                or request.status is not RequestStatus.RUNNING
+                or request.num_preemptions != chunk.num_preemptions
+            ):
                 continue
+            request.num_inflight_tokens -= chunk.num_tokens
             request.num_computed_tokens += chunk.num_tokens
             if request.num_computed_tokens < request.num_tokens:
                 continue
+            request.num_output_placeholders -= 1
             token = self._sample(request, len(request.output_token_ids))
             request.output_token_ids.append(token)
             finished = self._check_finished(request)

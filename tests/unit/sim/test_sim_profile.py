@@ -61,7 +61,19 @@ def test_h100_profile_holds_the_published_coefficients() -> None:
         max_model_len=131072,
         block_size=16,
         num_gpu_blocks=29205,
+        async_scheduling=True,
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("h100-llama3-8b", True), ("cpu-tiny", False), ("vllm-cpu-tiny", False)],
+)
+def test_async_scheduling_default_is_vllm_032s_choice_on_the_profiles_platform(
+    name: str, expected: bool
+) -> None:
+    # vLLM 0.32 turns it on by default on a GPU; its CPU platform always turns it off.
+    assert load_profile(name).engine.async_scheduling is expected
 
 
 def test_default_profile_is_h100() -> None:
@@ -94,6 +106,8 @@ def test_engine_section_is_optional() -> None:
         (doc(engine={"max_num_seqs": -4}), r"engine\.max_num_seqs must be a positive integer"),
         (doc(engine={"max_num_seqs": True}), r"engine\.max_num_seqs must be a positive integer"),
         (doc(engine={"block_size": 0}), r"engine\.block_size must be a positive integer"),
+        (doc(engine={"async_scheduling": 1}), r"engine\.async_scheduling must be true or false"),
+        (doc(engine={"async_scheduling": "yes"}), r"engine\.async_scheduling must be true"),
         (
             doc(engine={"num_gpu_blocks": 10.5}),
             r"engine\.num_gpu_blocks must be a positive integer",
@@ -162,7 +176,11 @@ positive = st.integers(min_value=1, max_value=1 << 20)
     # Every field of each: a coefficient added to StepCost is round-tripped too.
     step=st.builds(StepCost, **{f.name: costs for f in dataclasses.fields(StepCost)}),
     engine=st.builds(
-        EngineDefaults, **{f.name: positive for f in dataclasses.fields(EngineDefaults)}
+        EngineDefaults,
+        **{
+            f.name: st.booleans() if f.name == "async_scheduling" else positive
+            for f in dataclasses.fields(EngineDefaults)
+        },
     ),
     text=st.text(min_size=0, max_size=40),
 )
