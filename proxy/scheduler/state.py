@@ -2,8 +2,9 @@
 
 Work in flight is split by phase and class: prompt tokens still in prefill
 (dispatched, no first token yet) and streams in decode. Headroom comes from the
-engine's own ``/metrics`` (KV-cache usage, requests waiting inside the engine) as
-last scraped, and from the configured concurrency caps.
+engine's KV-cache usage in its own ``/metrics`` as last scraped (batch is held past
+the watermark) and from the configured concurrency caps; the requests waiting
+inside the engine are scraped too, and only reported (``/turn``, the status page).
 
 The sums a decision reads (prompt tokens in prefill, streams per class, chats in
 prefill) are counters kept as work is admitted, starts decoding and leaves

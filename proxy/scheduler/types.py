@@ -57,7 +57,8 @@ class Job:
     """One request as the scheduler sees it.
 
     ``prompt_tokens`` is exact for batch work (counted by the engine's tokenizer)
-    and may be an estimate for interactive work until corrected from ``usage``.
+    and may be an estimate for interactive work (a chat leaves prefill at its first
+    token, so its count is never corrected afterwards: nothing would read it).
     ``affinity`` names a conversation (same user, or same leading messages) whose
     prefix an engine may hold in its cache.
     """
