@@ -48,6 +48,8 @@ class Workload:
     running_answer_tokens: int = 4000
     batch_prompts: int = 8
     batch_prompt_tokens: int = 5300
+    # Each batch prompt's own size, when they differ (overrides the two above).
+    batch_prompt_sizes: tuple[int, ...] = ()
     batch_answer_tokens: int = 32
     new_chats_after_s: tuple[float, ...] = (0.5, 1.0, 1.5)
     new_chat_answer_tokens: int = 16
@@ -77,15 +79,16 @@ def prepare(tokenizer: Tokenizer, workload: Workload, repetition: int) -> Prompt
     """The prompts of repetition ``repetition`` (0 is the cold one), sized by the
     engine's tokenizer; passages rotate through the corpus from one repetition to
     the next."""
-    stride = len(corpus()) // (workload.batch_prompts * 3 + 1)
+    sizes = workload.batch_prompt_sizes or (workload.batch_prompt_tokens,) * workload.batch_prompts
+    stride = len(corpus()) // (len(sizes) * 3 + 1)
     batch = [
         sized_prompt(
             tokenizer,
             f"Batch document {i + 1} of repetition {repetition}. Summarise it.",
-            (repetition * workload.batch_prompts + i) * stride,
-            workload.batch_prompt_tokens,
+            (repetition * len(sizes) + i) * stride,
+            size,
         )
-        for i in range(workload.batch_prompts)
+        for i, size in enumerate(sizes)
     ]
     running = [
         {"role": "system", "content": f"Conversation {repetition}-0. Answer at length."},

@@ -1,7 +1,8 @@
 """Chat beside a batch job on real vLLM: three ways of running the engine alone, and
 the proxy in front of it, in one run (issue #5).
 
-Usage: ``python -m loadtests.compare [--repeats N] [--out DIR]`` (``make compare``).
+Usage: ``python -m loadtests.compare [--repeats N] [--out DIR] [--arms A,B]
+[--workload compare|small-docs]`` (``make compare``).
 
 Arms, each on a fresh vLLM server (the CPU build, the small model):
 
@@ -11,6 +12,13 @@ Arms, each on a fresh vLLM server (the CPU build, the small model):
 - **proxy**: ``whoseturn serve`` in its own process in front of vLLM started with the
   flag the README recommends beside the proxy, ``--long-prefill-token-threshold 256``;
   chat on the proxy's ``/v1``, batch on its ``/batch/v1``.
+
+More arms, by ``--arms`` only: ``proxy_share0`` (the proxy with
+``batch_min_share: 0``); and on vLLM's default flags plus
+``--enable-prompt-tokens-details``: ``fcfs_details`` (direct), ``proxy_details``
+(the proxy without piecing) and ``proxy_piecing`` (the proxy with ``piecing: on``).
+``--workload small-docs`` sends twelve batch prompts of 500-2,000 tokens instead of
+eight of 5,300, so several fit the proxy's budget at once.
 
 Following the method of ``shared/seed``: everything but the arm is pinned (model,
 tokenizer, prompts, sampling, workload); each arm runs one cold repetition on its
@@ -40,7 +48,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +80,12 @@ class Arm:
     flags: tuple[str, ...]
     via_proxy: bool = False
     priorities: bool = False
+    # The proxy's top-level settings and its engine entry's, for this arm.
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
+
+DETAILS = ("--enable-prompt-tokens-details",)
 
 ARMS = (
     Arm("fcfs", "direct, FCFS (vLLM defaults)", ()),
@@ -90,6 +103,35 @@ ARMS = (
         via_proxy=True,
     ),
 )
+
+EXTRA_ARMS = (
+    Arm(
+        "proxy_share0",
+        "through the proxy, --long-prefill-token-threshold 256, batch_min_share 0",
+        RECOMMENDED_FLAGS,
+        via_proxy=True,
+        settings={"batch_min_share": 0},
+    ),
+    Arm("fcfs_details", "direct, FCFS (vLLM defaults + prompt token details)", DETAILS),
+    Arm("proxy_details", "through the proxy, default flags, no piecing", DETAILS, via_proxy=True),
+    Arm(
+        "proxy_piecing",
+        "through the proxy, default flags, piecing on",
+        DETAILS,
+        via_proxy=True,
+        engine_settings={"piecing": "on"},
+    ),
+)
+
+ALL_ARMS = ARMS + EXTRA_ARMS
+
+WORKLOADS = {
+    "compare": Workload(),
+    # Twelve documents of 500 to 2,000 tokens (about 15,000 in all): several fit the
+    # proxy's initial budget of 8,192 at once, so the budget, not the one-request
+    # rule, decides how many run together.
+    "small-docs": Workload(batch_prompt_sizes=tuple(500 + 136 * i for i in range(12))),
+}
 
 
 @dataclass
@@ -184,13 +226,22 @@ class ArmResult:
 # -- running ------------------------------------------------------------------------
 
 
+def proxy_config(engine_url: str, arm: Arm | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The proxy's engine entry and top-level settings for ``arm``."""
+    engine: dict[str, Any] = {"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}
+    settings: dict[str, Any] = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
+    if arm is not None:
+        engine.update(arm.engine_settings)
+        settings.update(arm.settings)
+    return engine, settings
+
+
 @contextmanager
-def serve_proxy(engine_url: str, out: Path) -> Iterator[str]:
+def serve_proxy(engine_url: str, out: Path, arm: Arm | None = None) -> Iterator[str]:
     """``whoseturn serve`` in its own process in front of ``engine_url``; yields its URL."""
     port = free_port()
-    engine = {"url": engine_url, "name": "vllm-0", "models": [MODEL_NAME]}
-    intervals = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
-    command = serve_command(out / "proxy.yaml", port=port, engines=[engine], **intervals)
+    engine, settings = proxy_config(engine_url, arm)
+    command = serve_command(out / "proxy.yaml", port=port, engines=[engine], **settings)
     url = loopback_url(port)
     with (
         (out / "proxy.log").open("ab") as log,
@@ -262,12 +313,16 @@ def run_arm(
                 sets = repeats + 1 + extra_tries
                 prompts.extend(prepare(tokenizer, workload, rep) for rep in range(sets))
             if arm.via_proxy:
-                with serve_proxy(engine.base_url, out) as url:
+                with serve_proxy(engine.base_url, out, arm) as url:
                     _repetitions(result, url + "/v1", url + "/batch/v1", prompts, repeats,
                                  workload, watch, control, extra_tries, url)  # fmt: skip
                     with httpx.Client(base_url=url, timeout=10) as proxy:
                         log = proxy.get("/turn/log", params={"limit": 1000}).text
-                    (out / "proxy-turn-log.json").write_text(log)
+                        turn = proxy.get("/turn").text
+                        metrics = proxy.get("/metrics").text
+                    (out / f"proxy-turn-log-{arm.key}.json").write_text(log)
+                    (out / f"proxy-turn-{arm.key}.json").write_text(turn)
+                    (out / f"proxy-metrics-{arm.key}.txt").write_text(metrics)
             else:
                 base = engine.base_url + "/v1"
                 _repetitions(
@@ -578,7 +633,7 @@ def report(
 def load(out: Path) -> tuple[list[ArmResult], dict[str, Any]]:
     """The results of an earlier run, from its ``records.jsonl`` and ``summary.json``."""
     summary = json.loads((out / "summary.json").read_text())
-    arms = {a.key: a for a in ARMS}
+    arms = {a.key: a for a in ALL_ARMS}
     results = {
         s["arm"]: ArmResult(
             arms[s["arm"]], s["command"], s["ready_after_s"], int(s["peak_rss_gib"] * 2**30)
@@ -606,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="warm repetitions per arm")
     parser.add_argument("--out", type=Path, default=REPO / "artifacts" / "compare")
     parser.add_argument("--arms", default=",".join(a.key for a in ARMS))
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="compare")
     parser.add_argument(
         "--report-only", action="store_true", help="summarise the run already under --out"
     )
@@ -615,8 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         summaries, checks = report(*load(args.out), args.out)
     else:
-        arms = [a for a in ARMS if a.key in args.arms.split(",")]
-        summaries, checks = run(args.repeats, args.out, arms)
+        arms = [a for a in ALL_ARMS if a.key in args.arms.split(",")]
+        summaries, checks = run(args.repeats, args.out, arms, WORKLOADS[args.workload])
     print(table(summaries))
     print()
     print(render_verdict(checks))
