@@ -396,17 +396,9 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     assert not strays, strays
 
 
-def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
-    clock = VirtualClock(1000.0)
-    engine = EngineSettings(name="engine-a", models=frozenset({"a"}))
-    scheduler = Scheduler([engine], clock)
-    scheduler.submit(
-        Job(id="doc", cls=TrafficClass.BATCH, model="a", prompt_tokens=100, arrival=1000.0)
-    )
-    scheduler.dispatch()
-    for _ in range(70):  # seventy seconds of batch's turn, before the page exists
-        clock.advance(1.0)
-        scheduler.tick()
+def open_page_on(page: Page, scheduler: Scheduler) -> None:
+    """Open the status page with its reads answered from ``scheduler`` as the
+    proxy's routes would answer them (no batch jobs; nothing from elsewhere)."""
     admission = Admission(scheduler)
     app = FastAPI()
     install_status_route(app)
@@ -429,6 +421,20 @@ def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
 
     page.route("**/*", handle)
     page.goto("http://whoseturn.test/status")
+
+
+def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
+    clock = VirtualClock(1000.0)
+    engine = EngineSettings(name="engine-a", models=frozenset({"a"}))
+    scheduler = Scheduler([engine], clock)
+    scheduler.submit(
+        Job(id="doc", cls=TrafficClass.BATCH, model="a", prompt_tokens=100, arrival=1000.0)
+    )
+    scheduler.dispatch()
+    for _ in range(70):  # seventy seconds of batch's turn, before the page exists
+        clock.advance(1.0)
+        scheduler.tick()
+    open_page_on(page, scheduler)
     wait_turn(page, "engine-a", "batch", 5)
     page.wait_for_function(
         "document.querySelector('[data-engine=\"engine-a\"] .timeline').width > 0"
@@ -485,28 +491,7 @@ def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path)
     clock.advance(0.3)
     budget = scheduler.engines["engine-a"].budget
     assert budget.tokens == budget.settings.min_tokens
-    admission = Admission(scheduler)
-    app = FastAPI()
-    install_status_route(app)
-    status = TestClient(app).get("/status")
-
-    def handle(route: Route) -> None:
-        path = route.request.url.removeprefix("http://whoseturn.test")
-        if path == "/status":
-            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
-        elif path == "/status/batches":
-            route.fulfill(json={"enabled": False, "jobs": []})
-        elif path.startswith("/turn/history"):
-            route.fulfill(json=history_body(admission, 60))
-        elif path.startswith("/turn/log"):
-            route.fulfill(json=log_body(admission, 14))
-        elif path.startswith("/turn"):
-            route.fulfill(json=turn_body(admission))
-        else:
-            route.abort("blockedbyclient")
-
-    page.route("**/*", handle)
-    page.goto("http://whoseturn.test/status")
+    open_page_on(page, scheduler)
     wait_turn(page, "engine-a", "interactive", 5)
     why = page.locator('[data-engine="engine-a"] .budget-why')
     why.wait_for()
