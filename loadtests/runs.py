@@ -33,7 +33,7 @@ from loadtests.measures import (
     summarize_runs,
 )
 from loadtests.report import ms, side_by_side, write_records, write_report, write_result
-from loadtests.watch import listening_pid, peaks, watching
+from loadtests.watch import in_background, listening_pid, peaks, watching
 from loadtests.workload_file import Workload
 
 SAMPLE_INTERVAL_S = 0.5
@@ -251,14 +251,11 @@ async def _watch(
                 pass  # a missed sample is a gap in the plot, not a failure of the run
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
-    task = asyncio.create_task(sample()) if proxy else None
-    try:
+    if not proxy:
         yield
-    finally:
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        return
+    async with in_background(sample()):
+        yield
 
 
 @contextlib.asynccontextmanager
@@ -283,13 +280,8 @@ async def _progress(
                 live.update(lines)
                 await asyncio.sleep(0.25)
 
-        task = asyncio.create_task(refresh())
-        try:
+        async with in_background(refresh()):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 def _lines(label: str, elapsed: float, run: ArmRun) -> str:

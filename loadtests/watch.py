@@ -22,7 +22,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -135,6 +135,18 @@ def peaks(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``work`` as a task while the body runs; cancel it and wait for it after."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
 async def watching(
     http: httpx.AsyncClient,
     servers: dict[str, str],
@@ -171,13 +183,8 @@ async def watching(
                 log.flush()
                 await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - start - t)))
 
-    task = asyncio.create_task(loop())
-    try:
+    async with in_background(loop()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _sample(view: ProcessView, t: float, pids: dict[str, int | None]) -> dict[str, Any]:
