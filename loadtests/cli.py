@@ -47,7 +47,13 @@ ENGINE_FLAGS = (
     "enable_prefix_caching",
     "async_scheduling",
 )
-SERVING_FLAGS = ("host", "port", "served_model_name", "time_scale")
+SERVING_FLAGS = (
+    "host",
+    "port",
+    "served_model_name",
+    "time_scale",
+    "enable_prompt_tokens_details",
+)
 
 
 def main(command: str, argv: Sequence[str]) -> int:
@@ -134,6 +140,13 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         default=None,
         metavar="X",
         help=f"run model time this many times faster than wall time (default: {SIM_TIME_SCALE})",
+    )
+    sim.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        default=None,
+        help="report the prompt tokens found in the prefix cache in each answer's usage "
+        "(prompt_tokens_details.cached_tokens), as vLLM does with this flag (default: off)",
     )
     subcommands = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     inter = _table_command(
@@ -298,6 +311,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         host=given("host", SIM_HOST),
         port=given("port", SIM_PORT if args.sim_command is None else 0),
         time_scale=given("time_scale", SIM_TIME_SCALE),
+        enable_prompt_tokens_details=given("enable_prompt_tokens_details", False),
     )
 
 

@@ -17,6 +17,8 @@ class SimSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     time_scale: float = 1.0
+    enable_prompt_tokens_details: bool = False
+    """Report ``usage.prompt_tokens_details.cached_tokens`` (off by default, as in vLLM)."""
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:

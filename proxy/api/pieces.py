@@ -17,9 +17,12 @@ this module does what needs the network, for :class:`proxy.api.forward.Forwarder
   batch work: within the budget, after any chat in prefill. It returns the final
   admission, on which the forwarder sends the client's real request.
 
-A piece that finds fewer cached tokens than its earlier pieces put there (or an
-engine that does not report them) turns piecing off on that engine and the
-prompt goes whole from there on; a piece that fails on the engine sends the
+A piece that finds fewer cached tokens than its earlier pieces put there turns
+piecing off on that engine and the prompt goes whole from there on. The piece's
+``usage`` tells where the engine reports ``cached_tokens``; elsewhere the
+engine's ``vllm:prefix_cache_hits`` counter, read before the piece is sent and
+after it is answered, must have risen by at least as many (an engine that
+reports neither cannot be checked and is not pieced); a piece that fails on the engine sends the
 prompt whole too. Neither loses the request or answers it twice: pieces produce
 no answer, and the real request is sent exactly once per admission.
 """
@@ -48,6 +51,7 @@ from proxy.scheduler.pieces import (
     Piece,
     PiecingMode,
     cache_held,
+    hits_held,
     next_piece,
 )
 
@@ -268,7 +272,11 @@ class Piecer:
         self, run: _Run, admitted: Admitted, piece: Piece, answered: int, started: anyio.Event
     ) -> None:
         engine, facts = admitted.engine, self.board[admitted.engine]
+        client = self.pool.client_for(engine)
         try:
+            before = Hits()
+            if answered and facts.cache_check != CACHED_TOKENS:
+                before = await Hits.read_from(client)
             ids = run.pieced.ids[: piece.end]
             cached, sent = await self._send(run.ticket, admitted, ids, started)
         except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
@@ -281,14 +289,59 @@ class Piecer:
             run.room.release()
         self.metrics.pieces.labels(engine).inc()
         now = self.clock.now()
-        if not cache_held(answered, cached):
+        miss = await self._miss(client, facts, piece, answered, cached, before)
+        if miss is not None:
             run.failed = "cache_miss"
             if facts.enabled:
-                facts.disable(_miss(piece, answered, cached))
+                facts.disable(miss)
                 logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
             return
         facts.observe(piece.new_tokens, now - max(sent, run.answered_at))
         run.answered, run.answered_at = max(run.answered, piece.end), now
+
+    async def _miss(
+        self,
+        client: EngineClient,
+        facts: EnginePieces,
+        piece: Piece,
+        answered: int,
+        cached: int | None,
+        before: Hits,
+    ) -> str | None:
+        """Why the piece shows the cache did not hold (or cannot show it held);
+        None if it held, or if there was nothing to check this time.
+
+        The piece's own ``cached_tokens`` decides where the engine reports them.
+        Otherwise the engine's prefix-cache hit counter must have risen by the
+        tokens answered before the piece was sent; vLLM counts a step's hits when
+        it hands out that step's tokens, so a shortfall is read once more after
+        :data:`HITS_SETTLE_S` before it counts. A ``/metrics`` read that failed,
+        or a counter that went back (the engine restarted), judges nothing."""
+        if cached is not None:
+            facts.cache_check = CACHED_TOKENS
+            return None if cache_held(answered, cached) else _miss(piece, answered, cached)
+        if not answered:
+            if facts.cache_check is None and (await Hits.read_from(client)).unexported:
+                return NOT_CHECKABLE  # known after the first piece: no need for a second
+            return None
+        if not before.read:
+            return None
+        if before.unexported:
+            return NOT_CHECKABLE
+        facts.cache_check = PREFIX_CACHE_HITS
+        for attempt in range(2):
+            if attempt:
+                await anyio.sleep(HITS_SETTLE_S)
+            after = await Hits.read_from(client)
+            if not after.read:
+                return None
+            held = hits_held(answered, before.value, after.value)
+            if held is None:
+                return None if after.value is not None else NOT_CHECKABLE
+            if held:
+                return None
+        assert after.value is not None and before.value is not None
+        return _hits_miss(piece, answered, after.value - before.value)
 
     async def _send(
         self, ticket: Ticket, admitted: Admitted, ids: list[int], started: anyio.Event
@@ -318,6 +371,36 @@ class Piecer:
         return _cached(usage), sent
 
 
+CACHED_TOKENS = "cached_tokens"
+PREFIX_CACHE_HITS = "prefix_cache_hits"
+HITS_SETTLE_S = 0.25
+NOT_CHECKABLE = (
+    "the engine reports neither cached_tokens nor vllm:prefix_cache_hits, so pieces "
+    "cannot be checked (start it with --enable-prompt-tokens-details)"
+)
+
+
+@dataclass(frozen=True)
+class Hits:
+    """One read of an engine's prefix-cache hit counter: ``read`` False if the read
+    failed (or was not made), ``value`` None if the engine does not export it."""
+
+    read: bool = False
+    value: float | None = None
+
+    @property
+    def unexported(self) -> bool:
+        return self.read and self.value is None
+
+    @classmethod
+    async def read_from(cls, client: EngineClient) -> Hits:
+        try:
+            return cls(True, await client.prefix_cache_hits())
+        except UpstreamError as exc:
+            logger.debug("engine %s: prefix-cache hits not read: %s", client.name, exc)
+            return cls()
+
+
 @dataclass
 class _Run:
     """One prompt's pieces under way: the engine they are pinned to, the end of the
@@ -339,13 +422,16 @@ def _cached(usage: dict[str, Any]) -> int | None:
     return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
-def _miss(piece: Piece, expected: int, cached: int | None) -> str:
-    if cached is None:
-        return (
-            "the engine does not report cached_tokens, so pieces cannot be checked "
-            "(start it with --enable-prompt-tokens-details)"
-        )
+def _miss(piece: Piece, expected: int, cached: int) -> str:
     return (
         f"the cache did not hold: piece {piece.index} found {cached} of "
         f"{expected} tokens cached (evicted, or prefix caching off)"
+    )
+
+
+def _hits_miss(piece: Piece, expected: int, rose: float) -> str:
+    return (
+        f"the cache did not hold: while piece {piece.index} ran, the engine's "
+        f"vllm:prefix_cache_hits rose by {rose:.0f} tokens, fewer than the {expected} "
+        "it should have found cached (evicted, or prefix caching off)"
     )

@@ -20,7 +20,12 @@ from proxy.engines._exceptions import (
     UpstreamError,
     map_stream_error,
 )
-from proxy.engines._metrics import CacheFacts, parse_cache_facts, parse_load
+from proxy.engines._metrics import (
+    CacheFacts,
+    parse_cache_facts,
+    parse_load,
+    parse_prefix_cache_hits,
+)
 from proxy.engines._monitor import EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
 
@@ -44,5 +49,6 @@ __all__ = [
     "map_stream_error",
     "parse_cache_facts",
     "parse_load",
+    "parse_prefix_cache_hits",
     "resolve_addresses",
 ]

@@ -30,7 +30,13 @@ from proxy.engines._exceptions import (
     map_request_error,
     map_stream_error,
 )
-from proxy.engines._metrics import CacheFacts, MetricsParseError, parse_cache_facts, parse_load
+from proxy.engines._metrics import (
+    CacheFacts,
+    MetricsParseError,
+    parse_cache_facts,
+    parse_load,
+    parse_prefix_cache_hits,
+)
 from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE, TokenCountCache, content_key
 from proxy.scheduler import EngineLoad
 
@@ -107,6 +113,15 @@ class EngineClient:
         response = await self._call("GET", "/metrics")
         try:
             return parse_cache_facts(response.text)
+        except MetricsParseError as exc:
+            raise self._bad("/metrics", exc) from exc
+
+    async def prefix_cache_hits(self) -> float | None:
+        """The engine's prefix-cache hits so far, in prompt tokens, as its
+        ``GET /metrics`` says (None: it does not export them)."""
+        response = await self._call("GET", "/metrics")
+        try:
+            return parse_prefix_cache_hits(response.text)
         except MetricsParseError as exc:
             raise self._bad("/metrics", exc) from exc
 

@@ -82,6 +82,40 @@ def parse_cache_facts(text: str) -> CacheFacts:
     return CacheFacts()
 
 
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+
+
+def parse_prefix_cache_hits(text: str) -> float | None:
+    """The prompt tokens the engine has found in its prefix cache since it started
+    (``vllm:prefix_cache_hits_total``, summed over data-parallel ranks), or None
+    if it does not export the counter.
+
+    Read line by line rather than parsed whole: the proxy reads it around every
+    piece of a pieced prompt, and vLLM's exposition is mostly histograms it does
+    not need. A sample whose value is not a number raises
+    :class:`MetricsParseError`.
+    """
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(PREFIX_CACHE_HITS):
+            continue
+        name, sep, rest = line.partition("{")
+        if sep:
+            rest = rest.rpartition("}")[2]
+        else:
+            name, _, rest = line.partition(" ")
+        if name.strip() not in (PREFIX_CACHE_HITS + "_total", PREFIX_CACHE_HITS):
+            continue  # e.g. vllm:prefix_cache_hits_created
+        fields = rest.split()
+        try:
+            value = float(fields[0])
+        except (IndexError, ValueError) as exc:
+            raise MetricsParseError(f"{PREFIX_CACHE_HITS}: no value in {line!r}") from exc
+        if math.isfinite(value):
+            total, seen = total + value, True
+    return total if seen else None
+
+
 def _cache_facts(labels: dict[str, str]) -> CacheFacts:
     caching = labels.get("enable_prefix_caching")
     block = labels.get("block_size", "")

@@ -18,9 +18,14 @@ computes at least a prompt's last token, so the final cannot be all cached). A
 prompt no longer than one piece is sent whole.
 
 The cache must hold: piece ``k+1`` should find the ``k`` earlier pieces' tokens
-cached (:func:`cache_held`). When it does not (evicted, prefix caching off, an
-engine that does not report ``cached_tokens``) the engine's :class:`EnginePieces`
-turns piecing off there and says why.
+cached. The engine says so in the piece's ``usage`` when it reports
+``cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``;
+:func:`cache_held`); otherwise its ``vllm:prefix_cache_hits`` counter must have
+risen by at least that many tokens while the piece ran (:func:`hits_held`).
+Other requests' hits only add to the counter, so a shortfall is a miss for sure;
+a miss that other hits cover goes unseen. When the cache did not hold (evicted,
+prefix caching off) or cannot be checked (neither is reported), the engine's
+:class:`EnginePieces` turns piecing off there and says why.
 
 Each piece is a batch job of its own new tokens, which the scheduler admits
 within the budget and after any chat in prefill, at most :data:`PIECE_DEPTH` in
@@ -111,6 +116,16 @@ def cache_held(expected: int, reported: int | None) -> bool:
     return reported is not None and reported >= expected
 
 
+def hits_held(expected: int, before: float | None, after: float | None) -> bool | None:
+    """Whether a piece that should find ``expected`` tokens cached did, judged by
+    the engine's prefix-cache hit counter read ``before`` it was sent and ``after``
+    it was answered: True if it rose by at least ``expected``, False if not; None
+    if that cannot be told (no counter, or it went back: the engine restarted)."""
+    if before is None or after is None or after < before:
+        return None
+    return after - before >= expected
+
+
 def piece_size(seconds_per_token: float, target_s: float, block: int, lo: int, hi: int) -> int:
     """The piece that keeps the engine busy for about ``target_s`` at
     ``seconds_per_token``, in whole blocks, within ``[lo, hi]``."""
@@ -153,6 +168,9 @@ class EnginePieces:
     fallbacks: int = 0
     window: int = 16
     history: list[str] = field(default_factory=list)
+    cache_check: str | None = None
+    """How pieces are checked: ``cached_tokens`` (in ``usage``) or
+    ``prefix_cache_hits`` (the engine's counter); None until a piece told."""
     _costs: deque[float] = field(default_factory=deque)
 
     @property
@@ -216,6 +234,7 @@ class EnginePieces:
             "pieces": self.pieces,
             "pieced_prompts": self.pieced_prompts,
             "fallbacks": self.fallbacks,
+            "cache_check": self.cache_check,
             "advice": ADVICE,
         }
 
@@ -224,5 +243,6 @@ ADVICE = (
     "Piecing works around an engine that runs a long prefill to the end before a new "
     "chat; starting vLLM with --long-prefill-token-threshold (e.g. 512) lets the engine "
     "interleave by itself, and makes the job cheaper (no extra requests); "
-    "--enable-prompt-tokens-details lets the proxy check that pieces were cached."
+    "--enable-prompt-tokens-details lets the proxy check each piece's cached tokens "
+    "in its answer rather than by the engine's prefix-cache hit counter."
 )

@@ -1,7 +1,8 @@
 """Piecing over HTTP: chat beside long batch prompts, with and without prefix pieces.
 
 One ``whoseturn sim`` (cpu-tiny, default flags: chunked prefill with a 2,048-token
-step, no long-prefill threshold, prefix caching on) per arm. Three arms, same
+step, no long-prefill threshold, prefix caching on, no cached tokens in ``usage``,
+so the proxy checks its pieces by the engine's prefix-cache hit counter) per arm. Three arms, same
 clients: the batch prompts straight to the engine (FCFS, the makespan to beat);
 through ``whoseturn serve`` with piecing off; and with ``piecing: on``. In each,
 one chat streams through the batch (its worst gap is measured while batch runs)
@@ -181,6 +182,8 @@ def test_pieces_cut_chat_waits_behind_long_prompts(tmp_path: Path) -> None:
     assert prompts == BATCH_PROMPTS and fallbacks == 0
     assert pieces >= BATCH_PROMPTS * (BATCH_PROMPT_TOKENS // 2048)
     assert facts["enabled"] is True and facts["prompt_token_cost_ms"] is not None
+    # vLLM's default flags report no cached_tokens: the engine's hit counter checked
+    assert facts["cache_check"] == "prefix_cache_hits"
     assert ttft <= 0.5
     # the worst gap is about a piece against a 2,048-token step; one stall of a
     # starved process on the shared cores can stretch it, so the margin is wide,
@@ -216,7 +219,7 @@ def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path)
         }
     store = str(tmp_path / "batch.db")
     with (
-        spawn_sim(time_scale=20.0) as sim,
+        spawn_sim("--enable-prompt-tokens-details", time_scale=20.0) as sim,
         proxy(tmp_path, sim.base_url, "auto", batch_store_path=store) as px,
     ):
         upload = "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -234,6 +237,7 @@ def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path)
         fallbacks = px.metric("whoseturn_prefill_piece_fallbacks_total")
         log = px.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
         cached = sim.metric("vllm:prefix_cache_hits_total")
+        px_checked = px.http.get("/turn").json()["engines"][0]["piecing"]["cache_check"]
     answers = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.splitlines())}
     assert done["status"] == "completed" and done["request_counts"]["completed"] == 3
     for custom_id, answer in answers.items():
@@ -246,6 +250,7 @@ def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path)
         assert cached_here >= 512 and cached_here % 16 == 0
         assert usage["prompt_tokens"] - cached_here <= 2048
     assert pieces >= 3 * 2 and fallbacks == 0 and cached > 0
+    assert px_checked == "cached_tokens"
     pieced = [d for d in log if d["piece"] and d["admitted"]]
     assert {d["batch"]["custom_id"] for d in pieced} == {"l0", "l1", "l2"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -114,8 +115,18 @@ def test_max_tokens_defaults_to_the_rest_of_the_context() -> None:
         "prompt_tokens": 4,
         "completion_tokens": 60,
         "total_tokens": 64,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
+    }  # no prompt_tokens_details: vLLM reports them only when asked (below)
+
+
+def test_prompt_tokens_details_report_the_prefix_cache_when_asked() -> None:
+    settings = dataclasses.replace(sim_settings(time_scale=50), enable_prompt_tokens_details=True)
+    body = {"prompt": " ".join(f"w{i}" for i in range(40)), "max_tokens": 1}
+    with run_server(settings) as sim:
+        first = sim.http.post("/v1/completions", json=body).json()["usage"]
+        again = sim.http.post("/v1/completions", json=body).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    block = settings.scheduler.block_size
+    assert again["prompt_tokens_details"] == {"cached_tokens": 40 // block * block}
 
 
 def test_request_id_header_names_the_answer(sim: SimServer) -> None:

@@ -137,14 +137,18 @@ async def _generate(
         raise bad_request(str(exc)) from exc
     headers = {REQUEST_ID_HEADER: base_id}
     decode = state.engine.tokenizer.decode_token
+    details = state.settings.enable_prompt_tokens_details
     if body.stream:
-        events = sse_events(stream, renderer, decode, include_usage=body.include_usage)
+        include = body.include_usage
+        events = sse_events(stream, renderer, decode, include_usage=include, details=details)
         return EventStreamResponse(events, stream, headers=headers)
     tokens = await collect(request, stream)
     if tokens is None:
         return Response(status_code=499)  # nobody is listening any more
     finish = stream.request.finish_reason
-    body_json = renderer.body(answer_text(tokens, decode), finish, request_usage(stream.request))
+    body_json = renderer.body(
+        answer_text(tokens, decode), finish, request_usage(stream.request, details)
+    )
     return JSONResponse(body_json, headers=headers)
 
 

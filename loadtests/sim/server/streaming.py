@@ -28,14 +28,20 @@ from loadtests.sim.step_loop import TokenEvent
 Decode = Callable[[int], str]
 
 
-def request_usage(request: SimRequest) -> Json:
-    """The answer's ``usage``, always with the prompt tokens the prefix cache held."""
-    cached = max(request.num_cached_tokens, 0)
+def request_usage(request: SimRequest, details: bool) -> Json:
+    """The answer's ``usage``; with ``details`` (vLLM's
+    ``--enable-prompt-tokens-details``) the prompt tokens the prefix cache held."""
+    cached = max(request.num_cached_tokens, 0) if details else None
     return usage(request.num_prompt_tokens, len(request.output_token_ids), cached)
 
 
 async def sse_events(
-    stream: TokenStream, renderer: Renderer, decode: Decode, *, include_usage: bool
+    stream: TokenStream,
+    renderer: Renderer,
+    decode: Decode,
+    *,
+    include_usage: bool,
+    details: bool = False,
 ) -> AsyncGenerator[str, None]:
     """The event stream of one answer, ``data: [DONE]`` last; aborts if not run to the end."""
     try:
@@ -45,7 +51,7 @@ async def sse_events(
             parts.append(sse(renderer.token_chunk(decode(event.token_id), finish)))
             yield "".join(parts)
         if include_usage:
-            yield sse(renderer.usage_chunk(request_usage(stream.request)))
+            yield sse(renderer.usage_chunk(request_usage(stream.request, details)))
         yield DONE
     finally:
         stream.close()

@@ -36,6 +36,12 @@ CACHE_INFO = (
     "# TYPE vllm:cache_config_info gauge\n"
     'vllm:cache_config_info{block_size="16",enable_prefix_caching="%s",engine="0"} 1.0\n'
 )
+HITS = (
+    "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n"
+    "# TYPE vllm:prefix_cache_hits_total counter\n"
+    'vllm:prefix_cache_hits_total{engine="0",model_name="m"} %d.0\n'
+    'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9\n'
+)
 TOKENS = 2000
 PROMPT = "a long batch prompt"
 
@@ -51,6 +57,8 @@ class CachingEngines(FakeEngines):
         self.caching = caching
         self.cache: set[int] = set()  # prefix lengths the engine holds
         self.report_cached = True
+        self.export_hits = False  # vllm:prefix_cache_hits_total on /metrics
+        self.hits = 0
         self.fail_piece: int | None = None
         self.generate = self.answer
 
@@ -62,6 +70,7 @@ class CachingEngines(FakeEngines):
         cached = max((n for n in self.cache if n < len(ids)), default=0)
         self.clock.advance(0.0002 * (len(ids) - cached))  # 0.2 ms a new prompt token
         self.cache.add(len(ids) // 16 * 16)
+        self.hits += cached
         usage: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": 1}
         if self.report_cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -79,7 +88,8 @@ class CachingEngines(FakeEngines):
             ids = list(range(self.token_count))
             return httpx.Response(200, json={"count": len(ids), "tokens": ids})
         if request.url.path == "/metrics":
-            return httpx.Response(200, text=METRICS + CACHE_INFO % self.caching)
+            hits = HITS % self.hits if self.export_hits else ""
+            return httpx.Response(200, text=METRICS + CACHE_INFO % self.caching + hits)
         return await super().__call__(request)
 
     def pieces(self) -> list[int]:
@@ -183,6 +193,45 @@ async def test_an_engine_that_does_not_report_cached_tokens_is_not_pieced_twice(
         assert piecing["enabled"] is False  # ... the second cannot be checked
         assert "--enable-prompt-tokens-details" in piecing["reason"]
         assert len(engines.whole()) == 1
+
+
+async def test_without_cached_tokens_the_hit_counter_checks_the_pieces() -> None:
+    engines = CachingEngines()
+    engines.report_cached = False  # vLLM's default: no prompt_tokens_details
+    engines.export_hits = True
+    async with running(settings(engines), engines) as (client, _):
+        response = await post(client)
+        assert response.status_code == 200
+        pieces = engines.pieces()
+        assert pieces[0] == 512 and len(pieces) >= 3  # every piece, then the final
+        assert len(engines.whole()) == 1
+        piecing = facts((await client.get("/turn")).json())
+        assert piecing["enabled"] is True and piecing["fallbacks"] == 0
+        assert piecing["cache_check"] == "prefix_cache_hits"
+        metrics = (await client.get("/metrics")).text
+        assert 'whoseturn_prefill_pieced_prompts_total{engine="a"} 1.0' in metrics
+
+
+async def test_the_hit_counter_shows_a_cache_that_did_not_hold() -> None:
+    engines = CachingEngines()
+    engines.report_cached = False
+    engines.export_hits = True
+    original = engines.answer
+
+    def forgetful(call: Call) -> httpx.Response:
+        engines.cache.clear()  # evicted between two pieces: no hits counted
+        return original(call)
+
+    engines.generate = forgetful
+    async with running(settings(engines), engines) as (client, _):
+        assert (await post(client)).status_code == 200
+        pieces = engines.pieces()
+        assert pieces[0] == 512 and 2 <= len(pieces) <= 3
+        assert len(engines.whole()) == 1  # answered once, whole
+        piecing = facts((await client.get("/turn")).json())
+        assert piecing["enabled"] is False and piecing["fallbacks"] == 1
+        assert "vllm:prefix_cache_hits rose by 0 tokens" in piecing["reason"]
+        assert "fewer than the 512" in piecing["reason"]
 
 
 async def test_a_failed_piece_sends_the_prompt_whole_once() -> None:

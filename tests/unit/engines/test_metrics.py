@@ -6,7 +6,7 @@ import pytest
 
 from loadtests.sim.server.metrics import SimMetrics
 from loadtests.sim.step_scheduler import SchedulerConfig
-from proxy.engines import parse_load
+from proxy.engines import parse_load, parse_prefix_cache_hits
 from proxy.engines._metrics import MetricsParseError
 from proxy.scheduler import EngineLoad
 
@@ -54,3 +54,31 @@ def test_the_simulated_engines_exposition_reads_back() -> None:
 def test_garbage_is_a_parse_error(text: str) -> None:
     with pytest.raises(MetricsParseError):
         parse_load(text)
+
+
+def test_prefix_cache_hits_are_summed_over_ranks_and_created_is_ignored() -> None:
+    text = (
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1024.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 512.0\n'
+        'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 9999.0\n'
+    )
+    assert parse_prefix_cache_hits(text) == 1536.0
+    assert parse_prefix_cache_hits("vllm:prefix_cache_hits_total 7\n") == 7.0
+
+
+def test_no_prefix_cache_hits_counter_reads_none() -> None:
+    assert parse_prefix_cache_hits(METRICS_TEXT.replace("prefix_cache_hits", "other")) is None
+    assert parse_prefix_cache_hits("") is None
+
+
+def test_a_prefix_cache_hits_sample_without_a_number_is_a_parse_error() -> None:
+    with pytest.raises(MetricsParseError):
+        parse_prefix_cache_hits('vllm:prefix_cache_hits_total{engine="0"} lots\n')
+
+
+def test_the_simulated_engine_counts_prefix_cache_hits() -> None:
+    metrics = SimMetrics("tiny", SchedulerConfig(max_model_len=2048))
+    metrics.prefix_hits.inc(4096)
+    assert parse_prefix_cache_hits(metrics.render().decode()) == 4096.0

@@ -12,6 +12,7 @@ from proxy.scheduler.pieces import (
     PiecingMode,
     aligned,
     cache_held,
+    hits_held,
     next_piece,
     piece_size,
     plan,
@@ -70,6 +71,16 @@ def test_cache_held_needs_the_earlier_pieces_reported_cached() -> None:
     assert cache_held(512, 512) and cache_held(512, 528) and cache_held(0, 0)
     assert not cache_held(512, 496)
     assert not cache_held(512, None)  # not reported: cannot be checked
+
+
+def test_hits_held_needs_the_counter_to_rise_by_the_earlier_pieces() -> None:
+    assert hits_held(512, 1000.0, 1512.0) is True
+    assert hits_held(512, 1000.0, 2000.0) is True  # other requests' hits add
+    assert hits_held(512, 1000.0, 1496.0) is False
+    assert hits_held(0, 1000.0, 1000.0) is True
+    assert hits_held(512, None, 1512.0) is None  # no counter: cannot tell
+    assert hits_held(512, 1000.0, None) is None
+    assert hits_held(512, 1000.0, 10.0) is None  # it went back: the engine restarted
 
 
 # -- what the proxy knows per engine --------------------------------------------------
