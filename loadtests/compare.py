@@ -16,7 +16,9 @@ Arms, each on a fresh vLLM server (the CPU build, the small model):
 More arms, by ``--arms`` only: ``proxy_share0`` (the proxy with
 ``batch_min_share: 0``); and on vLLM's default flags plus
 ``--enable-prompt-tokens-details``: ``fcfs_details`` (direct), ``proxy_details``
-(the proxy without piecing) and ``proxy_piecing`` (the proxy with ``piecing: on``).
+(the proxy without piecing) and ``proxy_piecing`` (the proxy with ``piecing: on``);
+and ``proxy_auto``, the proxy with ``piecing: auto`` in front of vLLM on its
+default flags alone (pieces checked by the engine's prefix-cache hit counter).
 ``--workload small-docs`` sends twelve batch prompts of 500-2,000 tokens instead of
 eight of 5,300, so several fit the proxy's budget at once.
 
@@ -120,6 +122,13 @@ EXTRA_ARMS = (
         DETAILS,
         via_proxy=True,
         engine_settings={"piecing": "on"},
+    ),
+    Arm(
+        "proxy_auto",
+        "through the proxy, vLLM defaults, piecing auto",
+        (),
+        via_proxy=True,
+        engine_settings={"piecing": "auto"},
     ),
 )
 
