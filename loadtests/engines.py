@@ -203,7 +203,10 @@ def started(out: Path, arm_spec: ArmSpec, workload: Workload) -> Iterator[Starte
         proxy = None
         if arm_spec.via == "proxy":
             port = free_port()
-            listed = [{"url": e.url, "name": e.name, "models": [workload.model]} for e in engines]
+            listed = [
+                {"url": e.url, "name": e.name, "models": [workload.model], **arm_spec.proxy_engine}
+                for e in engines
+            ]
             argv = serve_command(
                 out / f"{arm}-proxy.yaml",
                 port=port,

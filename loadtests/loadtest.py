@@ -211,8 +211,10 @@ def dry_run(workload: Workload) -> str:
             )
         if arm.priority:
             lines.append(f"  request priorities: {arm.priority}")
+        if arm.proxy_engine:
+            lines.append(f"  the proxy's engine settings: {arm.proxy_engine}")
     lines += [
-        f"bar: {b.figure or 'all valid'} {b.ratio if b.figure else ''}".rstrip()
+        f"bar: {b.figure or 'all valid'} {(b.arm or b.ratio) if b.figure else ''}".rstrip()
         for b in workload.bars
     ]
     return "\n".join(lines)

@@ -203,15 +203,19 @@ def judge(bars: Sequence[Bar], figures: dict[str, dict[str, ClassSummary]]) -> l
             out.append(Verdict(f"valid answers, all arms: {valid} of {sent}", valid == sent))
             continue
         cls, _, name = bar.figure.partition(".")
-        a, b = (getattr(figures[arm][cls], name) for arm in bar.ratio)
-        value = a / b if b else math.nan
+        if bar.arm:
+            value = getattr(figures[bar.arm][cls], name)
+        else:
+            a, b = (getattr(figures[arm][cls], name) for arm in bar.ratio)
+            value = a / b if b else math.nan
         if bar.above is not None:
             ok, rule = value > bar.above, f"> {bar.above:g}"
         else:
             assert bar.at_most is not None
             ok, rule = value <= bar.at_most, f"<= {bar.at_most:g}"
         ok = ok and not math.isnan(value)
-        label = f"{bar.figure}: {bar.ratio[0]} / {bar.ratio[1]} = {value:.2f} (bar {rule})"
+        of = bar.arm or f"{bar.ratio[0]} / {bar.ratio[1]}"
+        label = f"{bar.figure}: {of} = {value:.2f}{' s' if bar.arm else ''} (bar {rule})"
         out.append(Verdict(label, ok))
     return out
 

@@ -121,16 +121,20 @@ class ArmSpec:
     via: str  # direct: the engines' /v1; proxy: a proxy in front of them
     engine_args: str = ""
     priority: dict[str, int] = field(default_factory=dict)  # class: request priority
+    # the proxy's settings for each engine it is given (e.g. piecing), this arm only
+    proxy_engine: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Bar:
     """A verdict: ``figure`` (``class.field`` of :class:`loadtests.measures.ClassSummary`)
-    of arm ``ratio[0]`` divided by arm ``ratio[1]``, above ``above`` or at most
-    ``at_most``; or, with ``all_valid``, every request of every arm valid."""
+    of arm ``ratio[0]`` divided by arm ``ratio[1]`` (or of arm ``arm`` itself, in
+    seconds), above ``above`` or at most ``at_most``; or, with ``all_valid``, every
+    request of every arm valid."""
 
     figure: str = ""
     ratio: tuple[str, str] = ("", "")
+    arm: str = ""
     above: float | None = None
     at_most: float | None = None
     all_valid: bool = False
@@ -326,7 +330,8 @@ def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Ba
     out = []
     for n, item in enumerate(data):
         at = f"bars[{n}]."
-        d = _mapping(item, at.rstrip("."), {"figure", "ratio", "above", "at_most", "all_valid"})
+        keys = {"figure", "ratio", "arm", "above", "at_most", "all_valid"}
+        d = _mapping(item, at.rstrip("."), keys)
         if d.get("all_valid") is True and len(d) == 1:
             out.append(Bar(all_valid=True))
             continue
@@ -334,13 +339,21 @@ def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Ba
         cls, _, name = figure.partition(".")
         if cls not in (top.get("classes") or {}) or name not in FIGURES:
             raise WorkloadError(f"{at}figure: CLASS.FIGURE, FIGURE one of {', '.join(FIGURES)}")
-        ratio = d.get("ratio")
-        if not isinstance(ratio, list) or len(ratio) != 2 or not set(ratio) <= names:
-            raise WorkloadError(f"{at}ratio: two arms of {', '.join(sorted(names))}")
         if ("above" in d) == ("at_most" in d):
             raise WorkloadError(f"{at}above: give above or at_most, one of them")
         above = float(_typed(d, "above", (int, float), at, None)) if "above" in d else None
         at_most = float(_typed(d, "at_most", (int, float), at, None)) if "at_most" in d else None
+        if "arm" in d:
+            if "ratio" in d:
+                raise WorkloadError(f"{at}arm: give ratio or arm, one of them")
+            arm = _typed(d, "arm", str, at, None)
+            if arm not in names:
+                raise WorkloadError(f"{at}arm: one of {', '.join(sorted(names))}")
+            out.append(Bar(figure=figure, arm=arm, above=above, at_most=at_most))
+            continue
+        ratio = d.get("ratio")
+        if not isinstance(ratio, list) or len(ratio) != 2 or not set(ratio) <= names:
+            raise WorkloadError(f"{at}ratio: two arms of {', '.join(sorted(names))}")
         out.append(Bar(figure=figure, ratio=(ratio[0], ratio[1]), above=above, at_most=at_most))
     return tuple(out)
 
@@ -348,7 +361,7 @@ def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Ba
 def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
     if isinstance(data, str):
         data = {"name": data, "via": data}
-    d = _mapping(data, f"arms[{n}]", {"name", "via", "engine_args", "priority"})
+    d = _mapping(data, f"arms[{n}]", {"name", "via", "engine_args", "priority", "proxy_engine"})
     at = f"arms[{n}]."
     via = _choice(d, "via", ARMS, at)
     if via == "proxy" and "engines" in top and "proxy" not in top:
@@ -360,6 +373,9 @@ def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
             raise WorkloadError(f"{at}priority.{cls}: no such class")
         if not isinstance(value, int) or isinstance(value, bool):
             raise WorkloadError(f"{at}priority.{cls}: wrong type: {value!r}")
+    proxy_engine = _mapping(d.get("proxy_engine", {}), at + "proxy_engine", None)
+    if proxy_engine and via != "proxy":
+        raise WorkloadError(f"{at}proxy_engine: only for an arm via the proxy")
     engine_args = _typed(d, "engine_args", str, at, "")
     if engine_args and "engines" not in top:
         raise WorkloadError(f"{at}engine_args: only with engines (the harness starts them)")
@@ -368,6 +384,7 @@ def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
         via=via,
         engine_args=engine_args,
         priority={str(k): int(v) for k, v in priority.items()},
+        proxy_engine={str(k): v for k, v in proxy_engine.items()},
     )
 
 

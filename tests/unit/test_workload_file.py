@@ -197,6 +197,10 @@ def test_engines_proxy_and_arms() -> None:
         ),
         ({"via": "direct"}, r"arms\[0\]\.name: missing"),
         ({"name": "a", "via": "direct", "flags": "x"}, r"arms\[0\]\.flags: unknown key"),
+        (
+            {"name": "a", "via": "direct", "proxy_engine": {"piecing": "on"}},
+            r"arms\[0\]\.proxy_engine: only for an arm via the proxy",
+        ),
     ],
 )
 def test_a_bad_arm_names_the_key(arm: dict[str, Any], named: str) -> None:
@@ -204,6 +208,24 @@ def test_a_bad_arm_names_the_key(arm: dict[str, Any], named: str) -> None:
     data["engines"] = {"command": "whoseturn sim --port {port}"}
     data["arms"] = [arm]
     with pytest.raises(WorkloadError, match=named):
+        parse_workload(data, base=Path())
+
+
+def test_an_arm_sets_the_proxys_engine_settings_and_a_bar_judges_one_arm() -> None:
+    data = _good()
+    data["engines"] = {"command": "whoseturn sim --port {port}"}
+    data["proxy"] = {"settings": {}}
+    data["arms"] = ["direct", {"name": "auto", "via": "proxy", "proxy_engine": {"piecing": "auto"}}]
+    data["bars"] = [{"figure": "chat.ttft_p95", "arm": "auto", "at_most": 0.5}]
+    w = parse_workload(data, base=Path())
+    assert w.arms[1].proxy_engine == {"piecing": "auto"} and w.arms[0].proxy_engine == {}
+    assert w.bars[0].arm == "auto" and w.bars[0].at_most == 0.5
+    data["bars"] = [{"figure": "chat.ttft_p95", "arm": "sideways", "at_most": 0.5}]
+    with pytest.raises(WorkloadError, match=r"bars\[0\]\.arm: one of auto, direct"):
+        parse_workload(data, base=Path())
+    bar = {"figure": "chat.ttft_p95", "arm": "auto", "ratio": ["auto", "direct"], "above": 1}
+    data["bars"] = [bar]
+    with pytest.raises(WorkloadError, match=r"bars\[0\]\.arm: give ratio or arm"):
         parse_workload(data, base=Path())
 
 

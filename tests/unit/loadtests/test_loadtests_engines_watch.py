@@ -150,6 +150,8 @@ def test_bars_judge_ratios_of_two_arms_and_validity() -> None:
     assert verdicts[1].line() == "batch.done_p95: proxy / fcfs = 1.25 (bar <= 1.2): NOT met"
     figures["proxy"]["chat"] = dataclasses.replace(figures["proxy"]["chat"], valid=2)
     assert judge(bars[3:], figures)[0].line() == "valid answers, all arms: 11 of 12: NOT met"
+    one = Bar(figure="chat.ttft_p95", arm="proxy", at_most=0.5)
+    assert judge([one], figures)[0].line() == "chat.ttft_p95: proxy = 0.40 s (bar <= 0.5): met"
     nan = _summary(ttft_p95=math.nan)
     assert not judge(bars[:1], {"fcfs": {"chat": nan}, "proxy": {"chat": nan}})[0].met
 
@@ -162,7 +164,9 @@ def test_the_compare_workload_parses_and_dry_runs(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "arm priority (via direct)" in out and "--scheduling-policy priority" in out
     assert "--long-prefill-token-threshold 256" in out
-    assert out.count("\nbar: ") == 9
+    assert out.count("\nbar: ") == 13
+    assert "arm proxy-auto (via proxy)" in out
+    assert "the proxy's engine settings: {'piecing': 'auto'}" in out
 
 
 def test_gpu_samples_are_read_from_nvidia_smi(
