@@ -88,6 +88,9 @@ class Arm:
 
 
 DETAILS = ("--enable-prompt-tokens-details",)
+# The engine interleaves by itself with the threshold flag; these arms measure the
+# proxy without pieces.
+NO_PIECES: Mapping[str, Any] = {"piecing": "off"}
 
 ARMS = (
     Arm("fcfs", "direct, FCFS (vLLM defaults)", ()),
@@ -103,6 +106,7 @@ ARMS = (
         "through the proxy, --long-prefill-token-threshold 256",
         RECOMMENDED_FLAGS,
         via_proxy=True,
+        engine_settings=NO_PIECES,
     ),
 )
 
@@ -113,9 +117,16 @@ EXTRA_ARMS = (
         RECOMMENDED_FLAGS,
         via_proxy=True,
         settings={"batch_min_share": 0},
+        engine_settings=NO_PIECES,
     ),
     Arm("fcfs_details", "direct, FCFS (vLLM defaults + prompt token details)", DETAILS),
-    Arm("proxy_details", "through the proxy, default flags, no piecing", DETAILS, via_proxy=True),
+    Arm(
+        "proxy_details",
+        "through the proxy, default flags, no piecing",
+        DETAILS,
+        via_proxy=True,
+        engine_settings=NO_PIECES,
+    ),
     Arm(
         "proxy_piecing",
         "through the proxy, default flags, piecing on",

@@ -40,6 +40,7 @@ def _settings(key: str) -> Settings:
         ("proxy_share0", "off", 0.0),
         ("proxy_details", "off", 0.05),
         ("proxy_piecing", "on", 0.05),
+        ("proxy_auto", "auto", 0.05),
     ],
 )
 def test_each_proxy_arm_configures_the_proxy_it_names(
