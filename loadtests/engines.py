@@ -122,7 +122,7 @@ def engine_argv(command: str, port: int, engine_args: str = "") -> list[str]:
     """The argument list of an engine's ``command`` on ``port``: placeholders filled
     in (an arm's ``engine_args`` at ``{engine_args}``, else at the end), and
     ``whoseturn`` run as this interpreter's ``python -m proxy``."""
-    from loadtests.vllm import model_dir, vllm_python
+    from loadtests.vllm import cpu_dtype, model_dir, vllm_python
 
     if engine_args and "{engine_args}" not in command:
         command += " {engine_args}"
@@ -131,6 +131,7 @@ def engine_argv(command: str, port: int, engine_args: str = "") -> list[str]:
         python=sys.executable,
         vllm_python=vllm_python(),
         model_dir=model_dir(),
+        dtype=cpu_dtype(),
         engine_args=engine_args,
     )
     argv = shlex.split(filled)

@@ -32,7 +32,8 @@ engines:                    # optional: the harness starts these, fresh for each
   count: 2
   command: whoseturn sim --profile cpu-tiny --port {port}
     # {port}: a free loopback port; {python}: this interpreter; {vllm_python}: the
-    # .venv-vllm interpreter; {model_dir}: the tiny model; "whoseturn" runs this
+    # .venv-vllm interpreter; {model_dir}: the tiny model; {dtype}: bfloat16 where the
+    # CPU computes in it, else float32; "whoseturn" runs this
     # checkout's `python -m proxy`
   health: /health           # polled until 200: the model load, timed
   ready_timeout_s: 120
