@@ -57,7 +57,9 @@ def arm(folder: Path, piecing: str, args: argparse.Namespace) -> tuple[float, fl
         "--time-scale", str(args.time_scale), "--port", str(sim_port),
     )  # fmt: skip
     engine = {"url": sim_url, "name": "sim", "models": [MODEL], "piecing": piecing}
-    serve = processes.serve_command(folder / f"{piecing}.yaml", port=port, engines=[engine])
+    serve = processes.serve_command(
+        folder / f"{piecing}.yaml", port=port, engines=[engine], ttft_target_s=args.ttft_target
+    )
     with processes.running(sim), processes.running(serve) as proxy:
         processes.wait_until_ok(sim_url + "/health", timeout_s=30)
         processes.wait_until_ok(url + "/readyz", process=proxy, timeout_s=30)
@@ -77,13 +79,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=6000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--ttft-target",
+        type=float,
+        default=0.3,
+        help="the proxy's ttft_target_s: two pieces in the engine should take about "
+        "this long (times the aim), so it sets the piece size when no chat streams",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         whole, _ = arm(Path(tmp), "off", args)
         pieced, pieces = arm(Path(tmp), "on", args)
     print(
         f"{args.records} records of {args.tokens} prompt tokens, {args.concurrency} at a time, "
-        f"sim time scale {args.time_scale:g}, no chat"
+        f"sim time scale {args.time_scale:g}, ttft_target_s {args.ttft_target:g}, no chat"
     )
     print(f"whole prompts: {whole:,.0f} records/hour")
     print(f"in pieces:     {pieced:,.0f} records/hour ({pieces:.0f} pieces)")
