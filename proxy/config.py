@@ -33,7 +33,7 @@ typo stops the proxy at start rather than at the first request. Example file::
         batch_max_inflight: 64
         kv_high_watermark: 0.9
         budget: {initial_tokens: 8192, min_tokens: 512, max_tokens: 65536}
-        piecing: off              # on / auto: prefill long batch prompts in pieces
+        piecing: auto             # off / on: prefill long batch prompts in pieces
         piece_tokens: 512         # the first piece's size (docs/scheduling.md)
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
@@ -134,7 +134,8 @@ class EngineConfig:
       usage at or above this fraction.
     - ``models``: the models it serves (empty: discovered from the engine).
     - ``piecing``: prefill long batch prompts in pieces over the engine's prefix
-      cache (``off``, ``on``, ``auto``: when the engine reports prefix caching on);
+      cache (``off``, ``on``, ``auto``, the default: when the engine reports prefix
+      caching on);
       ``piece_tokens``: the first piece's size, before the engine's cost is known
       (see docs/scheduling.md).
 
@@ -153,7 +154,7 @@ class EngineConfig:
     batch_max_inflight: int = 64
     kv_high_watermark: float = 0.9
     budget: BudgetConfig = field(default_factory=BudgetConfig)
-    piecing: str = "off"
+    piecing: str = "auto"
     piece_tokens: int = 512
 
     def __post_init__(self) -> None:

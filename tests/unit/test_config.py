@@ -204,7 +204,12 @@ def test_piecing_in_yaml_reads_a_bare_off_or_on(tmp_path: Path) -> None:
     text = f"engines:\n  - {{url: {URL}, piecing: off}}\n  - {{url: {URL}, piecing: on}}\n"
     text += f"  - {{url: {URL}, piecing: auto, piece_tokens: 256}}\n  - {URL}\n"
     settings = load(tmp_path, config_file=str(write(tmp_path / "w.yaml", text)))
-    assert [e.piecing for e in settings.engines] == ["off", "on", "auto", "off"]
+    assert [e.piecing for e in settings.engines] == [
+        "off",
+        "on",
+        "auto",
+        "auto",
+    ]  # auto: the default
     assert [e.piece_tokens for e in settings.engines] == [512, 512, 256, 512]
 
 
