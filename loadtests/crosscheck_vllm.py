@@ -54,7 +54,11 @@ from loadtests.workload_file import ArmSpec, TrafficClass, Workload, load_worklo
 BENCH_RESULT = "vllm-bench.json"
 SEND_TIMES = "send-times.txt"
 HARNESS_WORKLOAD = "harness-workload.yaml"
-BACKENDS = {"chat": ("openai-chat", "/v1/chat/completions"), "completions": ("openai", "/v1/completions")}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+BACKENDS = {
+    "chat": ("openai-chat", "/v1/chat/completions"),
+    "completions": ("openai", "/v1/completions"),
+}
 """The class's API: vllm bench's backend and endpoint."""
 
 # vLLM's console script fails on the CPU build (it looks up the distribution "vllm");
@@ -188,11 +192,15 @@ def bench_figures(result: dict[str, Any]) -> dict[str, Any]:
         "ttft": [t if good else None for t, good in zip(result["ttfts"], ok, strict=True)],
         "prompt_tokens": list(result["input_lens"]),
         "texts": list(result["generated_texts"]),
-        "chunks": [len(itl) + 1 if good else 0 for itl, good in zip(result["itls"], ok, strict=True)],
+        "chunks": [
+            len(itl) + 1 if good else 0 for itl, good in zip(result["itls"], ok, strict=True)
+        ],
     }
 
 
-def harness_figures(result: dict[str, Any], rows: list[dict[str, Any]], cls_name: str) -> dict[str, Any]:
+def harness_figures(
+    result: dict[str, Any], rows: list[dict[str, Any]], cls_name: str
+) -> dict[str, Any]:
     """The harness's figures of ``cls_name`` (its direct arm; seconds): its own from
     ``result.json``, interpolated TTFT percentiles over its records, and per request
     (by its index in the class) the TTFT, prompt tokens, answer and token chunks."""
@@ -269,12 +277,23 @@ def compare(out: Path, cls_name: str, tolerance: float) -> int:
     difference is over ``tolerance`` percent."""
     bench = bench_figures(json.loads((out / BENCH_RESULT).read_text()))
     (result_dir,) = sorted((out / "harness").glob("*/result.json"))
-    rows = [json.loads(line) for line in (result_dir.parent / "records.jsonl").open()]
+    records = (result_dir.parent / "records.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in records if line.strip()]
     harness = harness_figures(json.loads(result_dir.read_text()), rows, cls_name)
     text, worst = table(bench, harness)
     print(text)
     print(f"\nWorst TTFT difference {worst:.1f}% (tolerance {tolerance:g}%).")
     return 0 if worst <= tolerance else 1
+
+
+def bench_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """vllm bench's environment: offline, and ``$WHOSETURN_VLLM_BENCH_PATH`` (a folder
+    holding pandas, which its custom dataset reads with, for a ``.venv-vllm`` built
+    before e2e/requirements.txt named it) as its ``PYTHONPATH``, for it alone."""
+    env = {**(os.environ if environ is None else environ), **OFFLINE}
+    if env.get("WHOSETURN_VLLM_BENCH_PATH"):
+        env["PYTHONPATH"] = env["WHOSETURN_VLLM_BENCH_PATH"]
+    return env
 
 
 def loadavg() -> str:
@@ -305,8 +324,7 @@ def run(workload_path: Path, cls_name: str, n: int, out: Path, tolerance: float)
         )
         load["vllm bench start"] = loadavg()
         with (out / "vllm-bench.log").open("wb") as log:
-            env = {**os.environ, **workload.engines.env}
-            subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
+            subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=bench_env(), check=True)
         load["vllm bench end"] = loadavg()
     times = send_times(json.loads((out / BENCH_RESULT).read_text()))
     (out / SEND_TIMES).write_text("".join(f"{t:.6f}\n" for t in times))
