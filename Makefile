@@ -24,7 +24,7 @@ help:
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make bench         what the proxy costs: direct, nginx and whoseturn side by side (a few min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
-	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~5 min)"
+	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -115,7 +115,7 @@ CROSSCHECK_OUT ?= artifacts/crosscheck-vllm
 crosscheck-vllm: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/python -m loadtests.crosscheck_vllm run loadtests/workloads/crosscheck-vllm.yaml chat \
-	  --requests 40 --out $(CROSSCHECK_OUT)/$$(date +%Y-%m-%d-%H%M%S)
+	  --requests 30 --out $(CROSSCHECK_OUT)/$$(date +%Y-%m-%d-%H%M%S)
 
 demo: $(STAMP)
 	$(BIN)/whoseturn demo

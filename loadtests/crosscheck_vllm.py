@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="vllm bench serve, then the harness, each on a fresh engine")
     r.add_argument("workload", type=Path)
     r.add_argument("cls")
-    r.add_argument("--requests", type=int, default=50)
+    r.add_argument("--requests", type=int, default=30)
     r.add_argument("--out", type=Path, required=True, help="a new directory")
     c = sub.add_parser("compare", help="the table again from a run's directory")
     c.add_argument("out", type=Path)

@@ -66,7 +66,7 @@ def test_bench_command_matches_the_class(tmp_path: Path) -> None:
     pairs = dict(itertools.pairwise(argv))
     assert pairs["--backend"] == "openai-chat"
     assert pairs["--endpoint"] == "/v1/chat/completions"
-    assert pairs["--request-rate"] == "1" and pairs["--burstiness"] == "1"
+    assert pairs["--request-rate"] == "0.3" and pairs["--burstiness"] == "1"
     assert pairs["--seed"] == "0" and pairs["--num-prompts"] == "40"
     assert pairs["--custom-output-len"] == "32" and pairs["--temperature"] == "0"
     for flag in ("--disable-shuffle", "--skip-chat-template", "--ignore-eos", "--save-detailed"):
