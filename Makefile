@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench test-e2e vllm-venv tiny-model compare test-docker
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench test-e2e vllm-venv tiny-model compare test-docker crosscheck-vllm
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -24,6 +24,7 @@ help:
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make bench         what the proxy costs: direct, nginx and whoseturn side by side (a few min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
+	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -108,6 +109,13 @@ compare: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/python -m loadtests.compare --repeats 3 --out $(COMPARE_OUT); status=$$?; \
 	$(BIN)/python -m loadtests.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
+
+# The harness against vLLM's own benchmark client on real vLLM (docs/crosscheck.md).
+CROSSCHECK_OUT ?= artifacts/crosscheck-vllm
+crosscheck-vllm: $(STAMP) $(MODEL_STAMP)
+	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
+	  $(BIN)/python -m loadtests.crosscheck_vllm run loadtests/workloads/crosscheck-vllm.yaml chat \
+	  --requests 30 --out $(CROSSCHECK_OUT)/$$(date +%Y-%m-%d-%H%M%S)
 
 demo: $(STAMP)
 	$(BIN)/whoseturn demo
