@@ -103,11 +103,13 @@ class Fleet:
     monitor: EngineMonitor
     admission: Admission
     urls: dict[str, str]
+    pieces: Piecer
 
     def join(self, config: EngineConfig) -> None:
         self.pool.add(config)
         self.monitor.add(config.name)
         self.urls[config.name] = config.url
+        self.pieces.add(config)
         self.admission.add_engine(config)
 
     def leave(self, name: str) -> None:
@@ -119,6 +121,7 @@ class Fleet:
         self.monitor.remove(name)
         self.pool.remove(name)
         self.urls.pop(name, None)
+        self.pieces.remove(name)
         return True
 
 
@@ -174,17 +177,18 @@ async def build(
     monitor = EngineMonitor(pool, admission, settings)
     urls = {c.name: c.url for c in settings.engines if not c.by_dns}
     metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
-    discovery = EngineDiscovery(settings.engines, resolver, Fleet(pool, monitor, admission, urls))
-    await discovery.resolve_once()
-    counter = PromptCounter(pool, admission.engines_up_for)
-    timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
-    services = Services(admission, metrics, clock, counter, timeouts)
-    shared = _shared_budget(settings, admission, pool, ledger)
     aim = settings.engines[0].budget.aim if settings.engines else 0.8
     pieces = Piecer(
         list(settings.engines), pool, admission, clock, metrics.registry,
         target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
     )  # fmt: skip
+    fleet = Fleet(pool, monitor, admission, urls, pieces)
+    discovery = EngineDiscovery(settings.engines, resolver, fleet)
+    await discovery.resolve_once()
+    counter = PromptCounter(pool, admission.engines_up_for)
+    timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
+    services = Services(admission, metrics, clock, counter, timeouts)
+    shared = _shared_budget(settings, admission, pool, ledger)
     forwarder = Forwarder(
         settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )

@@ -62,7 +62,7 @@ PIECE_TIMEOUT_S = 120.0
 class PieceMetrics:
     """``whoseturn_prefill_pieces_total{engine}`` and its companions."""
 
-    def __init__(self, registry: CollectorRegistry, engines: list[str]) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.pieces = Counter(
             "whoseturn_prefill_pieces",
             "Prefix pieces of long batch prompts sent to an engine",
@@ -81,11 +81,13 @@ class PieceMetrics:
             ["engine", "reason"],
             registry=registry,
         )
-        for name in engines:
-            self.pieces.labels(name)
-            self.prompts.labels(name)
-            for reason in ("cache_miss", "piece_failed"):
-                self.fallbacks.labels(name, reason)
+
+    def add(self, name: str) -> None:
+        """Export engine ``name``'s series at zero from the start."""
+        self.pieces.labels(name)
+        self.prompts.labels(name)
+        for reason in ("cache_miss", "piece_failed"):
+            self.fallbacks.labels(name, reason)
 
 
 @dataclass
@@ -120,17 +122,31 @@ class Piecer:
         self.pool = pool
         self.admission = admission
         self.clock = clock
-        self.board = {
-            e.name: EnginePieces(
-                mode=PiecingMode(e.piecing),
-                initial_tokens=e.piece_tokens,
-                target_s=target_s,
-                idle_target_s=idle_target_s,
-            )
-            for e in engines
-        }
+        self.target_s = target_s
+        self.idle_target_s = idle_target_s
+        self.board: dict[str, EnginePieces] = {}
         self._discovered: set[str] = set()
-        self.metrics = PieceMetrics(registry, [e.name for e in engines])
+        self.metrics = PieceMetrics(registry)
+        for config in engines:
+            if not config.by_dns:
+                self.add(config)
+
+    def add(self, config: EngineConfig) -> None:
+        """Keep piecing facts for engine ``config`` (configured, or joined by DNS
+        with its group's settings)."""
+        self.board[config.name] = EnginePieces(
+            mode=PiecingMode(config.piecing),
+            initial_tokens=config.piece_tokens,
+            target_s=self.target_s,
+            idle_target_s=self.idle_target_s,
+        )
+        self._discovered.discard(config.name)
+        self.metrics.add(config.name)
+
+    def remove(self, name: str) -> None:
+        """Forget engine ``name`` (it left and was drained)."""
+        self.board.pop(name, None)
+        self._discovered.discard(name)
 
     @property
     def active(self) -> bool:
@@ -173,7 +189,7 @@ class Piecer:
             return None
         up = self.admission.engines_up_for(req.model)
         if not up or not all(name in self.board for name in up):
-            return None  # an engine found by DNS: not pieced (its settings are not here)
+            return None  # an engine that left, or not yet told to the piecer
         for name in up:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])

@@ -2,10 +2,10 @@
 
 Two simulated engines listen on 127.0.0.2 and 127.0.0.3 at the same port; the
 proxy knows them only as ``dns+http://engines.test:PORT``, and the test answers its
-look-ups. Chat and batch requests run all along. The second engine joins and takes
-work; then the first leaves DNS while a long stream runs there: the stream
-finishes, no request sent after the leave reaches it, every request is answered,
-and once idle the engine is forgotten.
+look-ups. Chat and batch requests run all along. The second engine joins, with its
+group's piecing settings, and takes work; then the first leaves DNS while a long
+stream runs there: the stream finishes, no request sent after the leave reaches
+it, every request is answered, and once idle the engine is forgotten.
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ def test_engines_join_and_leave_by_dns_under_load(sims: tuple[SimServer, SimServ
                 joined_at = time.monotonic()
                 dns.set(FIRST, SECOND)
                 wait_for(lambda: name_2 in load.engines_since(joined_at), timeout=20)
+                piecing = _piecing(proxy)
+                assert set(piecing) == {name_1, name_2}, "a joined engine has no piecing facts"
+                assert piecing[name_2]["mode"] == "auto"
 
                 dns.set(SECOND)
                 left_at = time.monotonic()
@@ -137,6 +140,12 @@ def test_engines_join_and_leave_by_dns_under_load(sims: tuple[SimServer, SimServ
     assert load.engines_since(left_at) == {name_2}, "new work reached the engine that left"
     assert first.requests_running() == 0
     assert forgotten < 20
+
+
+def _piecing(proxy: ProxyServer) -> dict[str, dict[str, object]]:
+    """Each engine's piecing facts, as ``/turn`` reports them."""
+    engines = proxy.http.get("/turn").json()["engines"]
+    return {e["engine"]: e["piecing"] for e in engines if "piecing" in e}
 
 
 def _engines(proxy: ProxyServer) -> set[str]:

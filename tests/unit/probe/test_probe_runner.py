@@ -98,7 +98,10 @@ async def test_measure_times_the_stall_beside_a_serializing_prefill() -> None:
 
 
 async def test_run_probe_measures_every_size_after_a_warm_up() -> None:
-    fake = FakeEngine(gap_s=0.002, per_token_s=0.00005)
+    # Gaps of 10 ms and prefills of 40 ms and more: a scheduling hiccup of a few ms on
+    # a busy machine stays under the step threshold (twice the quiet median gap), so
+    # each serializing prefill reads as the one step it was.
+    fake = FakeEngine(gap_s=0.010, per_token_s=0.0002)
     config = ProbeConfig(engine_url=URL, sizes=SIZES, repeats=2, settle_tokens=4, extra_repeats=0)
     result = await run_probe(config, transport=fake.transport())
     assert [i.prompt_tokens for i in result.injections] == [*SIZES, *reversed(SIZES)]
