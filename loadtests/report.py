@@ -2,7 +2,8 @@
 
 The side-by-side table is the same text on the terminal and in ``report.md``: per
 class, the latencies (TTFT, ITL, TPOT, completion; for a batch route TTFT p95 only)
-and the proxy's queue wait, and valid records per hour; one column per arm and, with
+and the proxy's queue wait, valid records per hour, and for a class whose prompts
+carry a JSON schema its whole, schema-checked and schema-valid answers; one column per arm and, with
 two arms, the change from the first to the second.
 """
 
@@ -19,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from loadtests.corpus import SETS
 from loadtests.markdown import markdown_table
 from loadtests.measures import ClassSummary
 from loadtests.workload_file import Workload
@@ -145,6 +147,9 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
         counts = [f"{s.valid}/{s.requests}" for s in per_arm]
         blank = [""] if len(names) == 2 else []
         rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))
+        if SETS[cls.prompt_source][0] == "extraction" or any(s.schema_checked for s in per_arm):
+            checked = [f"{s.whole} / {s.schema_checked} / {s.schema_valid}" for s in per_arm]
+            rows.append((f"{cls.name} whole / schema-checked / schema-valid", *checked, *blank))
     header = ("", *names, *(["change"] if len(names) == 2 else []))
     return markdown_table(header, rows)
 
@@ -178,7 +183,9 @@ def write_report(
         intro,
         "",
         "Times are wall-clock. TPOT = (E2E - TTFT)/(n - 1); ITL is every gap; queue wait "
-        "is the proxy's `X-Whoseturn-Queue-Ms`; valid = a whole answer of `max_tokens`. "
+        "is the proxy's `X-Whoseturn-Queue-Ms`; valid = a whole answer of `max_tokens` "
+        "and, for a prompt that carries a JSON schema, one that follows it (the text read "
+        "as JSON, a fenced block or one object amid prose allowed; `loadtests/validity.py`). "
         f"Latencies are of requests sent after the first {workload.plan.warmup_s:g} s of a "
         "run; valid records per hour count what finished over the whole run (every arm "
         "starts empty; a closed loop's completions come in waves that a shorter window "

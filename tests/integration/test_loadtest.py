@@ -115,7 +115,11 @@ def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
     assert engine["startup_facts"]["prefix_caching"]["from"] == "metrics"
     assert result["summaries"]["proxy"]["question"]["valid"] > 0
     jobs = result["summaries"]["proxy"]["jobs"]
-    assert jobs["valid"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"] > 0
+    # extraction prompts: every whole line's answer is checked against its schema (the
+    # simulated engine's text is no JSON, so none follows it and none is valid)
+    assert jobs["whole"] > 0 and jobs["schema_checked"] == jobs["whole"]
+    assert jobs["valid"] == jobs["schema_valid"]
+    assert jobs["records_per_hour"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"]
     assert result["summaries"]["direct"]["jobs"]["valid_per_hour"] is None  # no Batch API
     rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     assert rows and all(r["arm"] == "proxy" and r["batch_id"] for r in rows)
