@@ -139,6 +139,7 @@ class ArmRun:
     records: dict[str, list[Record]] = field(default_factory=dict)
     jobs: dict[str, list[Job]] = field(default_factory=dict)
     priority: dict[str, int] = field(default_factory=dict)  # class: the arm's request priority
+    ended_at: float | None = None  # when its last request ended (after the drain)
 
     def body(self, workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
         """:func:`body`, with the arm's priority for the class if it sets one."""
@@ -200,6 +201,7 @@ async def run_arm(
             if task is not None:
                 await close(record, task)
     await asyncio.gather(*senders, *jobs)
+    run.ended_at = time.monotonic()
     return run
 
 

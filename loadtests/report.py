@@ -72,9 +72,12 @@ def write_result(
     reasoning: str,
     machine: dict[str, Any] | None = None,
     verdicts: list[str] | None = None,
+    stalls: dict[str, dict[str, Any]] | None = None,
+    disturbed: dict[str, list[str]] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
-    added), the figures per arm and class, the answer check, the reasoning, the date."""
+    added), the figures per arm and class, the answer check, the machine's stops per
+    arm and the figures they disturbed, the reasoning, the date."""
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workload": workload.to_json(),
@@ -87,6 +90,8 @@ def write_result(
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
         "machine": machine or {},
+        "stalls": stalls or {},
+        "disturbed": disturbed or {},
         "verdicts": verdicts or [],
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
@@ -124,10 +129,16 @@ BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95")
 JOB_ROWS = (("job completion p50", "done_p50"), ("job completion p95", "done_p95"))
 
 
-def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
+def side_by_side(
+    workload: Workload,
+    arms: dict[str, dict[str, ClassSummary]],
+    *,
+    disturbed: dict[str, list[str]] | None = None,
+) -> str:
     """The table: a row per figure of each class (valid records per hour for a batch
     route only), a column per arm, then the change from the first arm to the second
-    when there are two."""
+    when there are two. An arm in ``disturbed`` (arm: phases where the machine
+    stopped for long) is headed "ARM (disturbed)"."""
     names = list(arms)
     rows: list[Sequence[str]] = []
     for cls in workload.classes:
@@ -150,7 +161,8 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
         if SETS[cls.prompt_source][0] == "extraction" or any(s.schema_checked for s in per_arm):
             checked = [f"{s.whole} / {s.schema_checked} / {s.schema_valid}" for s in per_arm]
             rows.append((f"{cls.name} whole / schema-checked / schema-valid", *checked, *blank))
-    header = ("", *names, *(["change"] if len(names) == 2 else []))
+    marked = [f"{a} (disturbed)" if a in (disturbed or {}) else a for a in names]
+    header = ("", *marked, *(["change"] if len(names) == 2 else []))
     return markdown_table(header, rows)
 
 
@@ -175,8 +187,11 @@ def write_report(
     machine: dict[str, dict[str, Any]] | None = None,
     started: dict[str, list[dict[str, Any]]] | None = None,
     verdicts: list[str] | None = None,
+    stalls: dict[str, dict[str, Any]] | None = None,
+    disturbed: dict[str, list[str]] | None = None,
 ) -> None:
-    """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
+    """``report.md``: what ran (``intro``), the table (disturbed figures said below
+    it), the answer check, the machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
@@ -193,6 +208,7 @@ def write_report(
         "",
         table,
         "",
+        *disturbed_lines(disturbed or {}, stalls or {}),
     ]
     if answers is not None:
         lines += [
@@ -203,10 +219,61 @@ def write_report(
     if verdicts:
         lines += ["The workload's bars, on the warm figures:", ""]
         lines += [*(f"- {v}" for v in verdicts), ""]
+    lines += stall_lines(stalls or {})
     lines += startup_lines(started or {})
     lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def disturbed_lines(
+    disturbed: dict[str, list[str]], stalls: dict[str, dict[str, Any]]
+) -> list[str]:
+    """Under the table: each set of figures a long stop of the machine disturbed."""
+    lines = []
+    for figures, phases in disturbed.items():
+        view = stalls[figures.removesuffix(" (cold)")]
+        longest = max(view["phases"][p]["longest_s"] for p in phases)
+        lines.append(
+            f"**Disturbed**: the {figures} figures include {', '.join(phases)}, where the "
+            f"machine stopped for up to {longest:.2f} s (over {view['disturbing_s']:g} s). "
+            "They are kept as measured: read them with that in mind, or run again."
+        )
+    return [*lines, ""] if lines else []
+
+
+def stall_lines(stalls: dict[str, dict[str, Any]]) -> list[str]:
+    """The machine's stops per arm (:func:`loadtests.stalls.attribute`): count,
+    longest, total, and the phases they fell in."""
+    if not stalls:
+        return []
+    rows: list[Sequence[str]] = []
+    for arm, view in stalls.items():
+        where = "; ".join(
+            f"{name}: {p['count']} ({p['total_s']:.2f} s){' DISTURBED' if p['disturbed'] else ''}"
+            for name, p in view["phases"].items()
+        )
+        rows.append(
+            (
+                arm,
+                str(view["count"]),
+                f"{view['longest_s']:.2f} s",
+                f"{view['total_s']:.2f} s",
+                where or "-",
+            )
+        )
+    threshold = next(iter(stalls.values()))
+    header = ("arm", "stops", "longest", "total", "phases (stops, total)")
+    return [
+        "## The machine's stops",
+        "",
+        f"A process that asks to wake every 10 ms (`loadtests/stalls.py`) ran beside each "
+        f"arm; a stop is a wake-up later by over {threshold['threshold_s']:g} s. A phase "
+        f"with a stop over {threshold['disturbing_s']:g} s is marked DISTURBED.",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]
 
 
 def startup_lines(started: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -33,6 +33,7 @@ from loadtests.measures import (
     summarize_runs,
 )
 from loadtests.report import ms, side_by_side, write_records, write_report, write_result
+from loadtests.stalls import Phase, StallWatch, attribute
 from loadtests.watch import in_background, listening_pid, peaks, watching
 from loadtests.workload_file import Workload
 
@@ -52,6 +53,7 @@ class ArmResult:
     turns: list[dict[str, Any]] = field(default_factory=list)
     os_samples: list[dict[str, Any]] = field(default_factory=list)
     started: list[dict[str, Any]] = field(default_factory=list)  # servers the harness started
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # the machine's stops
 
     def valid_records(self) -> int:
         """Valid answers of every run (the cold one too), streams closed early excluded."""
@@ -67,6 +69,26 @@ class ArmResult:
         first = [("cold", self.cold)] if self.cold is not None else []
         return first + [(f"warm-{n}", run) for n, run in enumerate(self.warm)]
 
+    def phases(self, workload: Workload) -> list[Phase]:
+        """Each run's warm-up, measured window and drain (its open requests waited
+        for after the plan's duration), in order."""
+        plan, out = workload.plan, []
+        for label, run in self.all_runs():
+            start, end = run.started_at, run.started_at + plan.duration_s
+            out += [
+                Phase(f"{label} warm-up", start, start + plan.warmup_s),
+                Phase(f"{label} measured", start + plan.warmup_s, end),
+                Phase(f"{label} drain", end, max(end, run.ended_at or end)),
+            ]
+        return out
+
+    def stall_view(self, workload: Workload) -> dict[str, Any]:
+        """The machine's stops during the arm, set against its phases
+        (:func:`loadtests.stalls.attribute`); times from its first run's start."""
+        runs = self.all_runs()
+        origin = runs[0][1].started_at if runs else 0.0
+        return attribute(self.stalls, self.phases(workload), origin=origin)
+
 
 async def run_plan(
     workload: Workload,
@@ -81,11 +103,33 @@ async def run_plan(
 ) -> ArmResult:
     """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
     its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
-    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.watch`)."""
+    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.watch`), and
+    the machine's stops (:class:`loadtests.stalls.StallWatch`)."""
     result = ArmResult([])
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     servers = servers or {}
     pids = {name: listening_pid(url) for name, url in servers.items()}
+    stalls = StallWatch().start()
+    try:
+        await _runs(workload, route, arm, proxy, out, console, servers, pids, priority, result)
+    finally:
+        stalls.stop()
+        result.stalls = list(stalls.stalls)
+    return result
+
+
+async def _runs(
+    workload: Workload,
+    route: Route,
+    arm: str,
+    proxy: str | None,
+    out: Path,
+    console: Console,
+    servers: dict[str, str],
+    pids: dict[str, int | None],
+    priority: dict[str, int] | None,
+    result: ArmResult,
+) -> None:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         async with (
             _watch(http, proxy, result.turns),
@@ -103,7 +147,6 @@ async def run_plan(
         if proxy is not None:
             log = await http.get(f"{proxy}/turn/log", params={"limit": 1000})
             (out / f"{arm}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
-    return result
 
 
 def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
@@ -149,7 +192,9 @@ def finish(
             for a in names
         )
         answers = answer_mismatches(first, second)
-    warm_table = side_by_side(workload, {a: figures[a] for a in names})
+    stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
+    disturbed = disturbed_figures(stalls)
+    warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
     write_records(
         out,
         {
@@ -183,6 +228,8 @@ def finish(
         reasoning=reasoning,
         machine=machine,
         verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
     )
     write_report(
         out,
@@ -194,6 +241,8 @@ def finish(
         machine=machine,
         started={a: r.started for a, r in arms.items() if r.started},
         verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
     )
     print(warm_table)
     if answers is not None:
@@ -203,6 +252,18 @@ def finish(
     print(f"\nReport: {out / 'report.md'}")
     print("Plots: " + ", ".join(str(out / name) for name in drawn))
     return warm_table
+
+
+def disturbed_figures(stalls: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Which figures a long stop disturbed: ``{arm: phases}`` for the warm figures
+    (a warm run's phase disturbed), ``{"<arm> (cold)": phases}`` for the cold ones;
+    arms without a disturbed phase are left out."""
+    out: dict[str, list[str]] = {}
+    for arm, view in stalls.items():
+        for phase in view["disturbed"]:
+            key = f"{arm} (cold)" if phase.startswith("cold ") else arm
+            out.setdefault(key, []).append(phase)
+    return out
 
 
 def machine_view(result: ArmResult) -> dict[str, Any]:
