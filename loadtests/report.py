@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from loadtests.buckets import BUCKETS, UNKNOWN, LengthFigures
 from loadtests.corpus import SETS
 from loadtests.markdown import markdown_table
 from loadtests.measures import ClassSummary
@@ -74,10 +75,12 @@ def write_result(
     verdicts: list[str] | None = None,
     stalls: dict[str, dict[str, Any]] | None = None,
     disturbed: dict[str, list[str]] | None = None,
+    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
-    added), the figures per arm and class, the answer check, the machine's stops per
-    arm and the figures they disturbed, the reasoning, the date."""
+    added), the figures per arm and class, the warm TTFT by prompt length, the answer
+    check, the machine's stops per arm and the figures they disturbed, the reasoning,
+    the date."""
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workload": workload.to_json(),
@@ -85,6 +88,10 @@ def write_result(
         "summaries": {
             arm: {cls: _json_safe(asdict(s)) for cls, s in by_class.items()}
             for arm, by_class in summaries.items()
+        },
+        "ttft_by_prompt_length": {
+            arm: {cls: [_json_safe(asdict(f)) for f in rows] for cls, rows in by_class.items()}
+            for arm, by_class in (by_prompt or {}).items()
         },
         "answer_check": None
         if answers is None
@@ -189,9 +196,10 @@ def write_report(
     verdicts: list[str] | None = None,
     stalls: dict[str, dict[str, Any]] | None = None,
     disturbed: dict[str, list[str]] | None = None,
+    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table (disturbed figures said below
-    it), the answer check, the machine's stops, the plots."""
+    it), TTFT by prompt length, the answer check, the machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
@@ -209,6 +217,7 @@ def write_report(
         table,
         "",
         *disturbed_lines(disturbed or {}, stalls or {}),
+        *length_lines(by_prompt or {}),
     ]
     if answers is not None:
         lines += [
@@ -224,6 +233,36 @@ def write_report(
     lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def length_lines(by_prompt: dict[str, dict[str, list[LengthFigures]]]) -> list[str]:
+    """The warm TTFT p50/p95 and request count per prompt-length bucket
+    (:mod:`loadtests.buckets`), a row per class and bucket, columns per arm."""
+    names = list(by_prompt)
+    classes = list(dict.fromkeys(c for by_class in by_prompt.values() for c in by_class))
+    rows: list[Sequence[str]] = []
+    for cls in classes:
+        per_arm = {a: {f.bucket: f for f in by_prompt[a].get(cls, [])} for a in names}
+        for name in (*BUCKETS, UNKNOWN):
+            found = [per_arm[a].get(name) for a in names]
+            if not any(found):
+                continue
+            cells = [
+                "-" if f is None else f"{f.requests}: {ms(f.ttft_p50)} / {ms(f.ttft_p95)}"
+                for f in found
+            ]
+            rows.append((cls, name, *cells))
+    if not rows:
+        return []
+    return [
+        "## TTFT by prompt length",
+        "",
+        "Requests sent after the warm-up, by their prompt's tokens (`usage.prompt_tokens`); "
+        "each cell: requests: TTFT p50 / p95.",
+        "",
+        markdown_table(("class", "prompt tokens", *names), rows),
+        "",
+    ]
 
 
 def disturbed_lines(

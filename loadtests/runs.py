@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from loadtests import plots
+from loadtests.buckets import LengthFigures, by_length
 from loadtests.harness import ArmRun, Route, new_run, run_arm
 from loadtests.measures import (
     ClassSummary,
@@ -161,12 +162,25 @@ def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]
             ]
             out[cls.name] = summarize_jobs(spans)
             continue
-        windows = [
-            Window(run.records[cls.name], *run.window(workload), counted_from=run.started_at)
-            for run in runs
-        ]
-        out[cls.name] = summarize_runs(windows)
+        out[cls.name] = summarize_runs(windows(workload, runs, cls.name))
     return out
+
+
+def windows(workload: Workload, runs: list[ArmRun], cls: str) -> list[Window]:
+    """A streamed class's records over ``runs``, each run's measured window with it."""
+    return [
+        Window(run.records[cls], *run.window(workload), counted_from=run.started_at) for run in runs
+    ]
+
+
+def lengths(workload: Workload, runs: list[ArmRun]) -> dict[str, list[LengthFigures]]:
+    """Each streamed class's TTFT by prompt length over ``runs``
+    (:func:`loadtests.buckets.by_length`)."""
+    return {
+        cls.name: by_length(windows(workload, runs, cls.name))
+        for cls in workload.classes
+        if cls.route != "batch-api"
+    }
 
 
 def finish(
@@ -192,6 +206,7 @@ def finish(
             for a in names
         )
         answers = answer_mismatches(first, second)
+    by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
     stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
     disturbed = disturbed_figures(stalls)
     warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
@@ -230,6 +245,7 @@ def finish(
         verdicts=verdicts,
         stalls=stalls,
         disturbed=disturbed,
+        by_prompt=by_prompt,
     )
     write_report(
         out,
@@ -243,6 +259,7 @@ def finish(
         verdicts=verdicts,
         stalls=stalls,
         disturbed=disturbed,
+        by_prompt=by_prompt,
     )
     print(warm_table)
     if answers is not None:
