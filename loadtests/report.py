@@ -20,10 +20,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from loadtests.buckets import BUCKETS, UNKNOWN, LengthFigures
+from loadtests.buckets import LengthFigures
 from loadtests.corpus import SETS
 from loadtests.markdown import markdown_table
 from loadtests.measures import ClassSummary
+from loadtests.report_sections import (
+    disturbed_lines,
+    engine_lines,
+    length_lines,
+    ms,
+    stall_lines,
+)
 from loadtests.workload_file import Workload
 
 DEMO_REASONING = (
@@ -76,11 +83,13 @@ def write_result(
     stalls: dict[str, dict[str, Any]] | None = None,
     disturbed: dict[str, list[str]] | None = None,
     by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
+    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
-    added), the figures per arm and class, the warm TTFT by prompt length, the answer
-    check, the machine's stops per arm and the figures they disturbed, the reasoning,
-    the date."""
+    added), the figures per arm and class, the warm TTFT by prompt length, the
+    engines' queue and prefill histograms per phase beside the client's view, the
+    answer check, the machine's stops per arm and the figures they disturbed, the
+    reasoning, the date."""
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workload": workload.to_json(),
@@ -93,6 +102,7 @@ def write_result(
             arm: {cls: [_json_safe(asdict(f)) for f in rows] for cls, rows in by_class.items()}
             for arm, by_class in (by_prompt or {}).items()
         },
+        "engine_histograms": engines or {},
         "answer_check": None
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
@@ -108,10 +118,6 @@ def write_result(
 
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-
-
-def ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
 
 
 def ratio(before: float, after: float) -> str:
@@ -197,9 +203,11 @@ def write_report(
     stalls: dict[str, dict[str, Any]] | None = None,
     disturbed: dict[str, list[str]] | None = None,
     by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
+    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table (disturbed figures said below
-    it), TTFT by prompt length, the answer check, the machine's stops, the plots."""
+    it), TTFT by prompt length, the engines' view of queue and prefill beside the
+    client's, the answer check, the machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
@@ -218,6 +226,7 @@ def write_report(
         "",
         *disturbed_lines(disturbed or {}, stalls or {}),
         *length_lines(by_prompt or {}),
+        *engine_lines(engines or {}),
     ]
     if answers is not None:
         lines += [
@@ -233,86 +242,6 @@ def write_report(
     lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
-
-
-def length_lines(by_prompt: dict[str, dict[str, list[LengthFigures]]]) -> list[str]:
-    """The warm TTFT p50/p95 and request count per prompt-length bucket
-    (:mod:`loadtests.buckets`), a row per class and bucket, columns per arm."""
-    names = list(by_prompt)
-    classes = list(dict.fromkeys(c for by_class in by_prompt.values() for c in by_class))
-    rows: list[Sequence[str]] = []
-    for cls in classes:
-        per_arm = {a: {f.bucket: f for f in by_prompt[a].get(cls, [])} for a in names}
-        for name in (*BUCKETS, UNKNOWN):
-            found = [per_arm[a].get(name) for a in names]
-            if not any(found):
-                continue
-            cells = [
-                "-" if f is None else f"{f.requests}: {ms(f.ttft_p50)} / {ms(f.ttft_p95)}"
-                for f in found
-            ]
-            rows.append((cls, name, *cells))
-    if not rows:
-        return []
-    return [
-        "## TTFT by prompt length",
-        "",
-        "Requests sent after the warm-up, by their prompt's tokens (`usage.prompt_tokens`); "
-        "each cell: requests: TTFT p50 / p95.",
-        "",
-        markdown_table(("class", "prompt tokens", *names), rows),
-        "",
-    ]
-
-
-def disturbed_lines(
-    disturbed: dict[str, list[str]], stalls: dict[str, dict[str, Any]]
-) -> list[str]:
-    """Under the table: each set of figures a long stop of the machine disturbed."""
-    lines = []
-    for figures, phases in disturbed.items():
-        view = stalls[figures.removesuffix(" (cold)")]
-        longest = max(view["phases"][p]["longest_s"] for p in phases)
-        lines.append(
-            f"**Disturbed**: the {figures} figures include {', '.join(phases)}, where the "
-            f"machine stopped for up to {longest:.2f} s (over {view['disturbing_s']:g} s). "
-            "They are kept as measured: read them with that in mind, or run again."
-        )
-    return [*lines, ""] if lines else []
-
-
-def stall_lines(stalls: dict[str, dict[str, Any]]) -> list[str]:
-    """The machine's stops per arm (:func:`loadtests.stalls.attribute`): count,
-    longest, total, and the phases they fell in."""
-    if not stalls:
-        return []
-    rows: list[Sequence[str]] = []
-    for arm, view in stalls.items():
-        where = "; ".join(
-            f"{name}: {p['count']} ({p['total_s']:.2f} s){' DISTURBED' if p['disturbed'] else ''}"
-            for name, p in view["phases"].items()
-        )
-        rows.append(
-            (
-                arm,
-                str(view["count"]),
-                f"{view['longest_s']:.2f} s",
-                f"{view['total_s']:.2f} s",
-                where or "-",
-            )
-        )
-    threshold = next(iter(stalls.values()))
-    header = ("arm", "stops", "longest", "total", "phases (stops, total)")
-    return [
-        "## The machine's stops",
-        "",
-        f"A process that asks to wake every 10 ms (`loadtests/stalls.py`) ran beside each "
-        f"arm; a stop is a wake-up later by over {threshold['threshold_s']:g} s. A phase "
-        f"with a stop over {threshold['disturbing_s']:g} s is marked DISTURBED.",
-        "",
-        markdown_table(header, rows),
-        "",
-    ]
 
 
 def startup_lines(started: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import httpx
 
 from loadtests import plots
 from loadtests.buckets import LengthFigures, by_length
+from loadtests.engine_histograms import Span, engine_view
 from loadtests.harness import ArmRun, Route, new_run, run_arm
 from loadtests.measures import (
     ClassSummary,
@@ -33,7 +35,8 @@ from loadtests.measures import (
     summarize_jobs,
     summarize_runs,
 )
-from loadtests.report import ms, side_by_side, write_records, write_report, write_result
+from loadtests.report import side_by_side, write_records, write_report, write_result
+from loadtests.report_sections import ms
 from loadtests.stalls import Phase, StallWatch, attribute
 from loadtests.watch import in_background, listening_pid, peaks, watching
 from loadtests.workload_file import Workload
@@ -55,6 +58,8 @@ class ArmResult:
     os_samples: list[dict[str, Any]] = field(default_factory=list)
     started: list[dict[str, Any]] = field(default_factory=list)  # servers the harness started
     stalls: list[tuple[float, float]] = field(default_factory=list)  # the machine's stops
+    servers: list[str] = field(default_factory=list)  # the names of the servers watched
+    watch_started_at: float = 0.0  # monotonic: the scrape files' times count from it
 
     def valid_records(self) -> int:
         """Valid answers of every run (the cold one too), streams closed early excluded."""
@@ -82,6 +87,22 @@ class ArmResult:
                 Phase(f"{label} drain", end, max(end, run.ended_at or end)),
             ]
         return out
+
+    def engine_view(self, arm: str, workload: Workload, out: Path) -> dict[str, Any]:
+        """Arm ``arm``'s watched servers (``out/metrics/``): each one's queue, prefill
+        and TTFT histograms reduced per phase and over the warm runs' measured windows
+        together (``warm measured``) (:mod:`loadtests.engine_histograms`); servers
+        that export none left out."""
+        spans = [
+            Span(p.name, p.start - self.watch_started_at, p.end - self.watch_started_at)
+            for p in self.phases(workload)
+        ]
+        pooled = {"warm measured": [f"warm-{n} measured" for n in range(len(self.warm))]}
+        found = {
+            name: engine_view(out / "metrics" / f"{arm}-{name}.prom", spans, pooled)
+            for name in self.servers
+        }
+        return {name: view for name, view in found.items() if view}
 
     def stall_view(self, workload: Workload) -> dict[str, Any]:
         """The machine's stops during the arm, set against its phases
@@ -134,8 +155,9 @@ async def _runs(
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         async with (
             _watch(http, proxy, result.turns),
-            watching(http, servers, pids, out, arm, result.os_samples),
+            watching(http, servers, pids, out, arm, result.os_samples) as watch_start,
         ):
+            result.servers, result.watch_started_at = list(servers), watch_start
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
             for label in labels:
                 run = new_run(workload, priority)
@@ -208,6 +230,10 @@ def finish(
         answers = answer_mismatches(first, second)
     by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
     stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
+    engines = {
+        arm: {"engines": r.engine_view(arm, workload, out), "client": client_view(workload, r.warm)}
+        for arm, r in arms.items()
+    }
     disturbed = disturbed_figures(stalls)
     warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
     write_records(
@@ -246,6 +272,7 @@ def finish(
         stalls=stalls,
         disturbed=disturbed,
         by_prompt=by_prompt,
+        engines=engines,
     )
     write_report(
         out,
@@ -260,6 +287,7 @@ def finish(
         stalls=stalls,
         disturbed=disturbed,
         by_prompt=by_prompt,
+        engines=engines,
     )
     print(warm_table)
     if answers is not None:
@@ -269,6 +297,30 @@ def finish(
     print(f"\nReport: {out / 'report.md'}")
     print("Plots: " + ", ".join(str(out / name) for name in drawn))
     return warm_table
+
+
+def client_view(workload: Workload, runs: list[ArmRun]) -> dict[str, float | None]:
+    """What the client saw over ``runs``' measured windows, every streamed class
+    together, to set beside the engines' histograms: TTFT and the proxy's queue wait
+    (``X-Whoseturn-Queue-Ms``), p50 and p95 in seconds (None for none)."""
+    sent = [
+        r
+        for cls in workload.classes
+        if cls.route != "batch-api"
+        for w in windows(workload, runs, cls.name)
+        for r in w.records
+        if w.start <= r.sent_at <= w.end and r.closed_at is None
+    ]
+    ttft = [t for r in sent if (t := r.ttft) is not None]
+    queue = [r.proxy_queue_ms / 1000.0 for r in sent if r.proxy_queue_ms is not None]
+    figures = {
+        "requests": float(len(ttft)),
+        "ttft_p50": pct(ttft, 0.50),
+        "ttft_p95": pct(ttft, 0.95),
+        "queue_p50": pct(queue, 0.50),
+        "queue_p95": pct(queue, 0.95),
+    }
+    return {k: None if math.isnan(v) else v for k, v in figures.items()}
 
 
 def disturbed_figures(stalls: dict[str, dict[str, Any]]) -> dict[str, list[str]]:

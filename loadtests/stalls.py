@@ -141,7 +141,7 @@ def attribute(
         "disturbing_s": disturbing_s,
         "count": len(lengths),
         "longest_s": max(lengths, default=0.0),
-        "total_s": sum(lengths),
+        "total_s": sum(lengths, 0.0),
         "stops": listed,
         "phases": per_phase,
         "disturbed": [p.name for p in phases if per_phase.get(p.name, {}).get("disturbed")],

@@ -10,7 +10,7 @@ import pytest
 from loadtests.buckets import bucket, by_length
 from loadtests.client import Record
 from loadtests.measures import Window
-from loadtests.report import length_lines
+from loadtests.report_sections import length_lines
 
 
 @pytest.mark.parametrize(

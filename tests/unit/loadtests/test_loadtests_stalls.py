@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.harness import ArmRun
-from loadtests.report import disturbed_lines, stall_lines
+from loadtests.report_sections import disturbed_lines, stall_lines
 from loadtests.runs import ArmResult, disturbed_figures
 from loadtests.stalls import OUTSIDE, Phase, StallWatch, attribute, overlaps, stopped_within
 from loadtests.workload_file import load_workload
