@@ -132,7 +132,18 @@ async def run_plan(
     pids = {name: listening_pid(url) for name, url in servers.items()}
     stalls = StallWatch().start()
     try:
-        await _runs(workload, route, arm, proxy, out, console, servers, pids, priority, result)
+        await _runs(
+            workload,
+            route,
+            result,
+            arm=arm,
+            proxy=proxy,
+            out=out,
+            console=console,
+            servers=servers,
+            pids=pids,
+            priority=priority,
+        )
     finally:
         stalls.stop()
         result.stalls = list(stalls.stalls)
@@ -142,6 +153,8 @@ async def run_plan(
 async def _runs(
     workload: Workload,
     route: Route,
+    result: ArmResult,
+    *,
     arm: str,
     proxy: str | None,
     out: Path,
@@ -149,8 +162,8 @@ async def _runs(
     servers: dict[str, str],
     pids: dict[str, int | None],
     priority: dict[str, int] | None,
-    result: ArmResult,
 ) -> None:
+    """The plan's runs against one arm into ``result``, watched (:func:`run_plan`)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         async with (

@@ -71,7 +71,7 @@ def test_label_sets_are_summed() -> None:
     found = histograms(SCRAPES[1][1])
     assert set(found) == {"queue", "prefill"}  # no TTFT histogram exported
     queue = found["queue"]
-    assert (queue.count, queue.sum) == (12, pytest.approx(8.05))
+    assert queue.count == 12 and queue.sum == pytest.approx(8.05)
     assert queue.buckets == ((0.1, 5), (0.5, 8), (1.0, 10), (math.inf, 12))
 
 
@@ -80,14 +80,14 @@ def test_a_phase_is_the_difference_of_the_scrapes_around_it() -> None:
     # at 5.0 (the first at or after its end)
     deltas = phase_deltas(SCRAPES, [Span("measured", 1.0, 5.0)])["measured"]
     queue = deltas["queue"]
-    assert (queue.count, queue.sum) == (8, pytest.approx(7.05))
+    assert queue.count == 8 and queue.sum == pytest.approx(7.05)
     assert queue.buckets == ((0.1, 3), (0.5, 5), (1.0, 6), (math.inf, 8))
     # p50: rank 4 in (0.1, 0.5] holding ranks 4..5: 0.1 + 0.4 * (4 - 3) / 2
     assert quantile(queue, 0.50) == pytest.approx(0.3)
     # p95: rank 7.6 in the +Inf bucket: the highest finite bound
     assert quantile(queue, 0.95) == pytest.approx(1.0)
     prefill = deltas["prefill"]
-    assert (prefill.count, prefill.sum) == (8, pytest.approx(1.6))
+    assert prefill.count == 8 and prefill.sum == pytest.approx(1.6)
     assert quantile(prefill, 0.50) == pytest.approx(0.1 * 4 / 6)
 
 
