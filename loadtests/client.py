@@ -24,6 +24,7 @@ import httpx
 
 from loadtests.engine_io import sse_events
 from loadtests.stalls import stopped_within
+from loadtests.validity import Assessment, assess
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Record:
     engine: str | None = None
     error: str | None = None
     text: str = ""
+    # The JSON schema the prompt asks the answer to follow (extraction prompts), if any.
+    schema: dict[str, Any] | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -90,19 +93,41 @@ class Record:
             default=0.0,
         )
 
+    def assessment(self) -> Assessment:
+        """The answer judged (:func:`loadtests.validity.assess`)."""
+        return assess(
+            status=self.status,
+            error=self.error,
+            finish_reason=self.finish_reason,
+            completion_tokens=self.completion_tokens,
+            max_tokens=self.max_tokens,
+            text=self.text,
+            schema=self.schema,
+        )
+
     @property
-    def valid(self) -> bool:
-        """A whole answer: status 200, no error, ended by length at exactly
-        ``max_tokens`` tokens (the model never stops on its own). A stream the client
-        closed on purpose is valid if it streamed tokens, without error, until then."""
+    def whole(self) -> bool:
+        """A whole answer (:mod:`loadtests.validity`): status 200, no error, ended by
+        length at exactly ``max_tokens`` tokens (or, asked for JSON with a schema, by
+        stop within them). A stream the client closed on purpose is whole if it
+        streamed tokens, without error, until then."""
         if self.closed_at is not None:
             return self.status == 200 and self.error is None and bool(self.token_times)
-        return (
-            self.status == 200
-            and self.error is None
-            and self.finish_reason == "length"
-            and self.completion_tokens == self.max_tokens
-        )
+        return self.assessment().whole
+
+    @property
+    def schema_valid(self) -> bool | None:
+        """Whether a whole answer follows its prompt's schema; None without a schema,
+        for an answer not whole, and for a stream closed early (a partial answer)."""
+        return None if self.closed_at is not None else self.assessment().schema_valid
+
+    @property
+    def valid(self) -> bool:
+        """Whole and, when the prompt carries a schema, schema-valid. A stream the
+        client closed on purpose is valid if it is whole (its schema is not checked)."""
+        if self.closed_at is not None:
+            return self.whole
+        return self.assessment().valid
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Record:
@@ -111,7 +136,14 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(ttft=self.ttft, done=self.done, worst_gap=self.worst_gap, valid=self.valid)
+        out.update(
+            ttft=self.ttft,
+            done=self.done,
+            worst_gap=self.worst_gap,
+            whole=self.whole,
+            schema_valid=self.schema_valid,
+            valid=self.valid,
+        )
         return out
 
 

@@ -180,8 +180,7 @@ def messages(source: str, index: int, start: int, chars: int | None) -> list[Mes
     if kind == "conversations":
         convs = _conversations()
         return [dict(m) for m in convs[(start + index) % len(convs)]]
-    items = _extractions()
-    item = items[(start + index) % len(items)]
+    item = _extraction(index, start)
     document = (CORPUS_DIR / item["document"]).read_text()
     if chars is not None:
         document = document[:chars]
@@ -191,6 +190,20 @@ def messages(source: str, index: int, start: int, chars: int | None) -> list[Mes
         f"Document ({item['document']}):\n\n{document}"
     )
     return [{"role": "user", "content": content}]
+
+
+def _extraction(index: int, start: int) -> dict[str, Any]:
+    items = _extractions()
+    return items[(start + index) % len(items)]
+
+
+def answer_schema(source: str, index: int, start: int) -> dict[str, Any] | None:
+    """The JSON schema that request ``index``'s prompt from ``source`` (as
+    :func:`messages` makes it) asks the answer to follow; None for a source whose
+    prompts carry none (all but ``extraction``)."""
+    if SETS[source][0] != "extraction":
+        return None
+    return dict(_extraction(index, start)["schema"])
 
 
 def as_prompt(chat: list[Message]) -> str:

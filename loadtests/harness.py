@@ -16,10 +16,10 @@ figure. Open-loop requests are waited for.
 A ``batch-api`` class submits jobs to the proxy's Files and Batch API instead
 (:func:`run_job`): each job a JSONL file of ``job_lines`` requests made as any other
 class's, uploaded, a batch created, looked at every ``poll_s``, and at its end its
-output file read and every line checked as a streamed answer is (status 200, exactly
-``max_tokens`` tokens). A job still running at the end of the run is cancelled, and
-its partial output counted. There is no Batch API on an engine: the direct arm sends
-such a class nothing.
+output file read and every line judged as a streamed answer is (whole, and following
+its prompt's JSON schema when it carries one: :mod:`loadtests.validity`). A job still
+running at the end of the run is cancelled, and its partial output counted. There is
+no Batch API on an engine: the direct arm sends such a class nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import httpx
 
 from loadtests.arrivals import gamma_times, trace_times
 from loadtests.client import Record, close, stream
-from loadtests.corpus import SETS, as_prompt, messages
+from loadtests.corpus import SETS, answer_schema, as_prompt, messages
+from loadtests.validity import assess
 from loadtests.workload_file import TrafficClass, Workload
 
 Route = Callable[[TrafficClass], str]
@@ -74,9 +75,7 @@ def send_times(workload: Workload, cls: TrafficClass) -> list[float]:
 def body(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
     """Request ``i`` of ``cls``: its prompt source's messages (:func:`messages`), the
     first starting with a header of its own so no two requests share a prefix."""
-    seed = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode())
-    start = seed + 104_729 * i if cls.prompt_chars is not None else seed
-    chat = messages(cls.prompt_source, i, start, cls.prompt_chars)
+    chat = messages(cls.prompt_source, i, _start(workload, cls, i), cls.prompt_chars)
     passage = SETS[cls.prompt_source][0] in ("topics", "documents")
     header = f"{cls.name} {i}: what does this say?" if passage else f"{cls.name} {i}."
     chat[0] = {**chat[0], "content": f"{header}\n\n{chat[0]['content']}"}
@@ -90,6 +89,16 @@ def body(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
     else:
         out["prompt"] = as_prompt(chat)
     return out
+
+
+def _start(workload: Workload, cls: TrafficClass, i: int) -> int:
+    seed = workload.seed * 1_000_003 + zlib.crc32(cls.name.encode())
+    return seed + 104_729 * i if cls.prompt_chars is not None else seed
+
+
+def schema(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any] | None:
+    """The JSON schema request ``i`` of ``cls`` asks its answer to follow, if any."""
+    return answer_schema(cls.prompt_source, i, _start(workload, cls, i))
 
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -109,7 +118,10 @@ class Job:
     status: str | None = None
     completed: int = 0  # lines answered (output file), of ``lines``
     failed: int = 0
-    valid: int = 0  # answered whole: status 200, exactly max_tokens tokens
+    valid: int = 0  # whole and, with a schema, schema-valid (loadtests.validity)
+    whole: int = 0  # answered whole: status 200, exactly max_tokens tokens
+    schema_checked: int = 0  # whole lines whose prompt carries a schema
+    schema_valid: int = 0  # of those, the ones that follow it
     cancelled_by_client: bool = False
     error: str | None = None
 
@@ -127,6 +139,7 @@ class ArmRun:
     records: dict[str, list[Record]] = field(default_factory=dict)
     jobs: dict[str, list[Job]] = field(default_factory=dict)
     priority: dict[str, int] = field(default_factory=dict)  # class: the arm's request priority
+    ended_at: float | None = None  # when its last request ended (after the drain)
 
     def body(self, workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
         """:func:`body`, with the arm's priority for the class if it sets one."""
@@ -188,6 +201,7 @@ async def run_arm(
             if task is not None:
                 await close(record, task)
     await asyncio.gather(*senders, *jobs)
+    run.ended_at = time.monotonic()
     return run
 
 
@@ -242,25 +256,52 @@ def job_file(workload: Workload, cls: TrafficClass, i: int, priority: int | None
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
 
 
-def count_output(text: str, max_tokens: int) -> tuple[int, int]:
-    """``(answered, valid)`` of a job's output file: lines with a response, and those
-    answered whole (status 200, finish reason ``length`` at ``max_tokens`` tokens)."""
-    answered = valid = 0
+@dataclass(frozen=True)
+class OutputCount:
+    """A job's output file judged line by line (:mod:`loadtests.validity`)."""
+
+    answered: int = 0  # lines with a response
+    whole: int = 0
+    schema_checked: int = 0  # whole answers whose prompt carries a schema
+    schema_valid: int = 0
+    valid: int = 0  # whole and, with a schema, schema-valid
+
+
+def count_output(
+    text: str, max_tokens: int, schemas: dict[str, dict[str, Any] | None] | None = None
+) -> OutputCount:
+    """A job's output file counted: every line with a response judged as a streamed
+    answer is (:func:`loadtests.validity.assess`), its prompt's schema looked up by
+    ``custom_id`` in ``schemas`` (none: no schema)."""
+    answered = whole = checked = schema_valid = valid = 0
     for line in text.splitlines():
         if not line.strip():
             continue
-        response = json.loads(line).get("response") or {}
+        row = json.loads(line)
+        response = row.get("response") or {}
         answered += 1
         answer = response.get("body") or {}
-        usage = answer.get("usage") or {}
-        choices = answer.get("choices") or [{}]
-        if (
-            response.get("status_code") == 200
-            and choices[0].get("finish_reason") == "length"
-            and usage.get("completion_tokens") == max_tokens
-        ):
-            valid += 1
-    return answered, valid
+        choice = (answer.get("choices") or [{}])[0]
+        verdict = assess(
+            status=response.get("status_code"),
+            error=None,
+            finish_reason=choice.get("finish_reason"),
+            completion_tokens=(answer.get("usage") or {}).get("completion_tokens"),
+            max_tokens=max_tokens,
+            text=_answer_text(choice),
+            schema=(schemas or {}).get(row.get("custom_id", "")),
+        )
+        whole += verdict.whole
+        checked += verdict.schema_valid is not None
+        schema_valid += verdict.schema_valid is True
+        valid += verdict.valid
+    return OutputCount(answered, whole, checked, schema_valid, valid)
+
+
+def _answer_text(choice: dict[str, Any]) -> str:
+    message = choice.get("message") or {}
+    text = message.get("content") if isinstance(message, dict) else None
+    return str(text if text is not None else choice.get("text") or "")
 
 
 async def run_job(
@@ -302,7 +343,14 @@ async def run_job(
         job.failed = int((batch.get("request_counts") or {}).get("failed", 0))
         if batch.get("output_file_id"):
             content = await http.get(f"{base}/v1/files/{batch['output_file_id']}/content")
-            job.completed, job.valid = count_output(content.text, cls.max_tokens)
+            schemas = {
+                f"{cls.name}-{n}": schema(workload, cls, n)
+                for n in range(i * cls.job_lines, (i + 1) * cls.job_lines)
+            }
+            counted = count_output(content.text, cls.max_tokens, schemas)
+            job.completed, job.valid = counted.answered, counted.valid
+            job.whole, job.schema_checked = counted.whole, counted.schema_checked
+            job.schema_valid = counted.schema_valid
     except httpx.HTTPStatusError as exc:
         job.error = f"{exc.response.status_code}: {exc.response.text}"[:500]
     except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -316,7 +364,7 @@ async def _open_loop(
     tasks = []
     for i, at in enumerate(send_times(workload, cls)):
         await asyncio.sleep(max(0.0, run.started_at + at - time.monotonic()))
-        record = _record(cls, i, route(cls))
+        record = _record(cls, i, route(cls), schema(workload, cls, i))
         run.records[cls.name].append(record)
         tasks.append(asyncio.create_task(stream(http, record, run.body(workload, cls, i))))
     await asyncio.gather(*tasks)
@@ -333,7 +381,7 @@ async def _worker(
 ) -> None:
     while True:
         i = next(counter)
-        record = _record(cls, i, route(cls))
+        record = _record(cls, i, route(cls), schema(workload, cls, i))
         run.records[cls.name].append(record)
         task = asyncio.create_task(stream(http, record, run.body(workload, cls, i)))
         open_streams[record.id] = task
@@ -341,7 +389,7 @@ async def _worker(
         del open_streams[record.id]
 
 
-def _record(cls: TrafficClass, i: int, url: str) -> Record:
+def _record(cls: TrafficClass, i: int, url: str, answer: dict[str, Any] | None) -> Record:
     return Record(
         id=f"{cls.name}-{i}",
         kind=cls.name,
@@ -349,4 +397,5 @@ def _record(cls: TrafficClass, i: int, url: str) -> Record:
         prompt_tokens_sent=0,
         max_tokens=cls.max_tokens,
         sent_at=0.0,
+        schema=answer,
     )

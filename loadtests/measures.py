@@ -6,6 +6,9 @@ benchmark:
 - **TPOT**: ``(E2E - TTFT) / (n - 1)`` for an answer of ``n > 1`` tokens, E2E being
   request sent → last byte;
 - **queue wait**: the proxy's ``X-Whoseturn-Queue-Ms``;
+- **valid**: a whole answer and, when the prompt carries a JSON schema, one that
+  follows it (:mod:`loadtests.validity`); whole and schema-checked answers are
+  counted beside it;
 - **valid records per hour**: valid answers finished within the measured window,
   scaled to an hour.
 
@@ -79,6 +82,9 @@ class ClassSummary:
     valid_per_hour: float
     records_per_hour: float = math.nan  # batch-api: lines answered, whole or not
     worst_gap_p50: float = math.nan  # the median over streams of each one's worst gap
+    whole: int = 0  # whole answers (loadtests.validity), schema or not
+    schema_checked: int = 0  # whole answers whose prompt carries a JSON schema
+    schema_valid: int = 0  # of those, the ones that follow it
 
 
 def valid_per_hour(records: Iterable[Record], start: float, end: float) -> float:
@@ -136,6 +142,9 @@ def summarize_runs(windows: Sequence[Window]) -> ClassSummary:
     return ClassSummary(
         requests=len(sent),
         valid=sum(1 for r in sent if r.valid),
+        whole=sum(1 for r in sent if r.whole),
+        schema_checked=sum(1 for r in sent if r.schema_valid is not None),
+        schema_valid=sum(1 for r in sent if r.schema_valid),
         ttft_p50=pct(ttft, 0.50),
         ttft_p95=pct(ttft, 0.95),
         ttft_p99=pct(ttft, 0.99),
@@ -178,6 +187,9 @@ def summarize_jobs(windows: Sequence[tuple[Sequence[Job], float, float]]) -> Cla
     return ClassSummary(
         requests=sum(j.lines for j in jobs),
         valid=sum(j.valid for j in jobs),
+        whole=sum(j.whole for j in jobs),
+        schema_checked=sum(j.schema_checked for j in jobs),
+        schema_valid=sum(j.schema_valid for j in jobs),
         ttft_p50=nan,
         ttft_p95=nan,
         ttft_p99=nan,
@@ -231,7 +243,8 @@ class Verdict:
 
 def answer_mismatches(a: Iterable[Record], b: Iterable[Record]) -> tuple[int, int]:
     """``(compared, differing)``: the records of two arms paired by id, both whole
-    (valid, not closed early), and how many of those pairs answered differently."""
-    whole = {r.id: r for r in b if r.valid and r.closed_at is None}
-    pairs = [(r, whole[r.id]) for r in a if r.valid and r.closed_at is None and r.id in whole]
+    (not closed early; schema-valid or not), and how many of those pairs answered
+    differently."""
+    whole = {r.id: r for r in b if r.whole and r.closed_at is None}
+    pairs = [(r, whole[r.id]) for r in a if r.whole and r.closed_at is None and r.id in whole]
     return len(pairs), sum(1 for x, y in pairs if x.text != y.text)

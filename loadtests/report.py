@@ -2,7 +2,8 @@
 
 The side-by-side table is the same text on the terminal and in ``report.md``: per
 class, the latencies (TTFT, ITL, TPOT, completion; for a batch route TTFT p95 only)
-and the proxy's queue wait, and valid records per hour; one column per arm and, with
+and the proxy's queue wait, valid records per hour, and for a class whose prompts
+carry a JSON schema its whole, schema-checked and schema-valid answers; one column per arm and, with
 two arms, the change from the first to the second.
 """
 
@@ -19,8 +20,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from loadtests.buckets import LengthFigures
+from loadtests.corpus import SETS
 from loadtests.markdown import markdown_table
 from loadtests.measures import ClassSummary
+from loadtests.report_sections import (
+    disturbed_lines,
+    engine_lines,
+    length_lines,
+    ms,
+    stall_lines,
+)
 from loadtests.workload_file import Workload
 
 DEMO_REASONING = (
@@ -70,9 +80,16 @@ def write_result(
     reasoning: str,
     machine: dict[str, Any] | None = None,
     verdicts: list[str] | None = None,
+    stalls: dict[str, dict[str, Any]] | None = None,
+    disturbed: dict[str, list[str]] | None = None,
+    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
+    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
-    added), the figures per arm and class, the answer check, the reasoning, the date."""
+    added), the figures per arm and class, the warm TTFT by prompt length, the
+    engines' queue and prefill histograms per phase beside the client's view, the
+    answer check, the machine's stops per arm and the figures they disturbed, the
+    reasoning, the date."""
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workload": workload.to_json(),
@@ -81,10 +98,17 @@ def write_result(
             arm: {cls: _json_safe(asdict(s)) for cls, s in by_class.items()}
             for arm, by_class in summaries.items()
         },
+        "ttft_by_prompt_length": {
+            arm: {cls: [_json_safe(asdict(f)) for f in rows] for cls, rows in by_class.items()}
+            for arm, by_class in (by_prompt or {}).items()
+        },
+        "engine_histograms": engines or {},
         "answer_check": None
         if answers is None
         else {"compared": answers[0], "differing": answers[1]},
         "machine": machine or {},
+        "stalls": stalls or {},
+        "disturbed": disturbed or {},
         "verdicts": verdicts or [],
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
@@ -94,10 +118,6 @@ def write_result(
 
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-
-
-def ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
 
 
 def ratio(before: float, after: float) -> str:
@@ -122,10 +142,16 @@ BATCH_ROWS = (("TTFT p95", "ttft_p95"), ("queue wait in proxy p95", "queue_p95")
 JOB_ROWS = (("job completion p50", "done_p50"), ("job completion p95", "done_p95"))
 
 
-def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -> str:
+def side_by_side(
+    workload: Workload,
+    arms: dict[str, dict[str, ClassSummary]],
+    *,
+    disturbed: dict[str, list[str]] | None = None,
+) -> str:
     """The table: a row per figure of each class (valid records per hour for a batch
     route only), a column per arm, then the change from the first arm to the second
-    when there are two."""
+    when there are two. An arm in ``disturbed`` (arm: phases where the machine
+    stopped for long) is headed "ARM (disturbed)"."""
     names = list(arms)
     rows: list[Sequence[str]] = []
     for cls in workload.classes:
@@ -145,7 +171,11 @@ def side_by_side(workload: Workload, arms: dict[str, dict[str, ClassSummary]]) -
         counts = [f"{s.valid}/{s.requests}" for s in per_arm]
         blank = [""] if len(names) == 2 else []
         rows.append((f"{cls.name} valid / sent after warm-up", *counts, *blank))
-    header = ("", *names, *(["change"] if len(names) == 2 else []))
+        if SETS[cls.prompt_source][0] == "extraction" or any(s.schema_checked for s in per_arm):
+            checked = [f"{s.whole} / {s.schema_checked} / {s.schema_valid}" for s in per_arm]
+            rows.append((f"{cls.name} whole / schema-checked / schema-valid", *checked, *blank))
+    marked = [f"{a} (disturbed)" if a in (disturbed or {}) else a for a in names]
+    header = ("", *marked, *(["change"] if len(names) == 2 else []))
     return markdown_table(header, rows)
 
 
@@ -170,15 +200,23 @@ def write_report(
     machine: dict[str, dict[str, Any]] | None = None,
     started: dict[str, list[dict[str, Any]]] | None = None,
     verdicts: list[str] | None = None,
+    stalls: dict[str, dict[str, Any]] | None = None,
+    disturbed: dict[str, list[str]] | None = None,
+    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
+    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """``report.md``: what ran (``intro``), the table, the answer check, the plots."""
+    """``report.md``: what ran (``intro``), the table (disturbed figures said below
+    it), TTFT by prompt length, the engines' view of queue and prefill beside the
+    client's, the answer check, the machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
         intro,
         "",
         "Times are wall-clock. TPOT = (E2E - TTFT)/(n - 1); ITL is every gap; queue wait "
-        "is the proxy's `X-Whoseturn-Queue-Ms`; valid = a whole answer of `max_tokens`. "
+        "is the proxy's `X-Whoseturn-Queue-Ms`; valid = a whole answer of `max_tokens` "
+        "and, for a prompt that carries a JSON schema, one that follows it (the text read "
+        "as JSON, a fenced block or one object amid prose allowed; `loadtests/validity.py`). "
         f"Latencies are of requests sent after the first {workload.plan.warmup_s:g} s of a "
         "run; valid records per hour count what finished over the whole run (every arm "
         "starts empty; a closed loop's completions come in waves that a shorter window "
@@ -186,6 +224,9 @@ def write_report(
         "",
         table,
         "",
+        *disturbed_lines(disturbed or {}, stalls or {}),
+        *length_lines(by_prompt or {}),
+        *engine_lines(engines or {}),
     ]
     if answers is not None:
         lines += [
@@ -196,6 +237,7 @@ def write_report(
     if verdicts:
         lines += ["The workload's bars, on the warm figures:", ""]
         lines += [*(f"- {v}" for v in verdicts), ""]
+    lines += stall_lines(stalls or {})
     lines += startup_lines(started or {})
     lines += machine_lines(machine or {})
     lines += [*[f"![{name}]({name})" for name in plots], ""]

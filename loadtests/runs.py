@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from loadtests import plots
+from loadtests.buckets import LengthFigures, by_length
+from loadtests.engine_histograms import Span, engine_view
 from loadtests.harness import ArmRun, Route, new_run, run_arm
 from loadtests.measures import (
     ClassSummary,
@@ -32,7 +35,9 @@ from loadtests.measures import (
     summarize_jobs,
     summarize_runs,
 )
-from loadtests.report import ms, side_by_side, write_records, write_report, write_result
+from loadtests.report import side_by_side, write_records, write_report, write_result
+from loadtests.report_sections import ms
+from loadtests.stalls import Phase, StallWatch, attribute
 from loadtests.watch import in_background, listening_pid, peaks, watching
 from loadtests.workload_file import Workload
 
@@ -52,6 +57,9 @@ class ArmResult:
     turns: list[dict[str, Any]] = field(default_factory=list)
     os_samples: list[dict[str, Any]] = field(default_factory=list)
     started: list[dict[str, Any]] = field(default_factory=list)  # servers the harness started
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # the machine's stops
+    servers: list[str] = field(default_factory=list)  # the names of the servers watched
+    watch_started_at: float = 0.0  # monotonic: the scrape files' times count from it
 
     def valid_records(self) -> int:
         """Valid answers of every run (the cold one too), streams closed early excluded."""
@@ -67,6 +75,42 @@ class ArmResult:
         first = [("cold", self.cold)] if self.cold is not None else []
         return first + [(f"warm-{n}", run) for n, run in enumerate(self.warm)]
 
+    def phases(self, workload: Workload) -> list[Phase]:
+        """Each run's warm-up, measured window and drain (its open requests waited
+        for after the plan's duration), in order."""
+        plan, out = workload.plan, []
+        for label, run in self.all_runs():
+            start, end = run.started_at, run.started_at + plan.duration_s
+            out += [
+                Phase(f"{label} warm-up", start, start + plan.warmup_s),
+                Phase(f"{label} measured", start + plan.warmup_s, end),
+                Phase(f"{label} drain", end, max(end, run.ended_at or end)),
+            ]
+        return out
+
+    def engine_view(self, arm: str, workload: Workload, out: Path) -> dict[str, Any]:
+        """Arm ``arm``'s watched servers (``out/metrics/``): each one's queue, prefill
+        and TTFT histograms reduced per phase and over the warm runs' measured windows
+        together (``warm measured``) (:mod:`loadtests.engine_histograms`); servers
+        that export none left out."""
+        spans = [
+            Span(p.name, p.start - self.watch_started_at, p.end - self.watch_started_at)
+            for p in self.phases(workload)
+        ]
+        pooled = {"warm measured": [f"warm-{n} measured" for n in range(len(self.warm))]}
+        found = {
+            name: engine_view(out / "metrics" / f"{arm}-{name}.prom", spans, pooled)
+            for name in self.servers
+        }
+        return {name: view for name, view in found.items() if view}
+
+    def stall_view(self, workload: Workload) -> dict[str, Any]:
+        """The machine's stops during the arm, set against its phases
+        (:func:`loadtests.stalls.attribute`); times from its first run's start."""
+        runs = self.all_runs()
+        origin = runs[0][1].started_at if runs else 0.0
+        return attribute(self.stalls, self.phases(workload), origin=origin)
+
 
 async def run_plan(
     workload: Workload,
@@ -81,16 +125,52 @@ async def run_plan(
 ) -> ArmResult:
     """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
     its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
-    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.watch`)."""
+    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.watch`), and
+    the machine's stops (:class:`loadtests.stalls.StallWatch`)."""
     result = ArmResult([])
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     servers = servers or {}
     pids = {name: listening_pid(url) for name, url in servers.items()}
+    stalls = StallWatch().start()
+    try:
+        await _runs(
+            workload,
+            route,
+            result,
+            arm=arm,
+            proxy=proxy,
+            out=out,
+            console=console,
+            servers=servers,
+            pids=pids,
+            priority=priority,
+        )
+    finally:
+        stalls.stop()
+        result.stalls = list(stalls.stalls)
+    return result
+
+
+async def _runs(
+    workload: Workload,
+    route: Route,
+    result: ArmResult,
+    *,
+    arm: str,
+    proxy: str | None,
+    out: Path,
+    console: Console,
+    servers: dict[str, str],
+    pids: dict[str, int | None],
+    priority: dict[str, int] | None,
+) -> None:
+    """The plan's runs against one arm into ``result``, watched (:func:`run_plan`)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         async with (
             _watch(http, proxy, result.turns),
-            watching(http, servers, pids, out, arm, result.os_samples),
+            watching(http, servers, pids, out, arm, result.os_samples) as watch_start,
         ):
+            result.servers, result.watch_started_at = list(servers), watch_start
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
             for label in labels:
                 run = new_run(workload, priority)
@@ -103,7 +183,6 @@ async def run_plan(
         if proxy is not None:
             log = await http.get(f"{proxy}/turn/log", params={"limit": 1000})
             (out / f"{arm}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
-    return result
 
 
 def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
@@ -118,12 +197,25 @@ def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]
             ]
             out[cls.name] = summarize_jobs(spans)
             continue
-        windows = [
-            Window(run.records[cls.name], *run.window(workload), counted_from=run.started_at)
-            for run in runs
-        ]
-        out[cls.name] = summarize_runs(windows)
+        out[cls.name] = summarize_runs(windows(workload, runs, cls.name))
     return out
+
+
+def windows(workload: Workload, runs: list[ArmRun], cls: str) -> list[Window]:
+    """A streamed class's records over ``runs``, each run's measured window with it."""
+    return [
+        Window(run.records[cls], *run.window(workload), counted_from=run.started_at) for run in runs
+    ]
+
+
+def lengths(workload: Workload, runs: list[ArmRun]) -> dict[str, list[LengthFigures]]:
+    """Each streamed class's TTFT by prompt length over ``runs``
+    (:func:`loadtests.buckets.by_length`)."""
+    return {
+        cls.name: by_length(windows(workload, runs, cls.name))
+        for cls in workload.classes
+        if cls.route != "batch-api"
+    }
 
 
 def finish(
@@ -149,7 +241,14 @@ def finish(
             for a in names
         )
         answers = answer_mismatches(first, second)
-    warm_table = side_by_side(workload, {a: figures[a] for a in names})
+    by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
+    stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
+    engines = {
+        arm: {"engines": r.engine_view(arm, workload, out), "client": client_view(workload, r.warm)}
+        for arm, r in arms.items()
+    }
+    disturbed = disturbed_figures(stalls)
+    warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
     write_records(
         out,
         {
@@ -183,6 +282,10 @@ def finish(
         reasoning=reasoning,
         machine=machine,
         verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
+        by_prompt=by_prompt,
+        engines=engines,
     )
     write_report(
         out,
@@ -194,6 +297,10 @@ def finish(
         machine=machine,
         started={a: r.started for a, r in arms.items() if r.started},
         verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
+        by_prompt=by_prompt,
+        engines=engines,
     )
     print(warm_table)
     if answers is not None:
@@ -203,6 +310,42 @@ def finish(
     print(f"\nReport: {out / 'report.md'}")
     print("Plots: " + ", ".join(str(out / name) for name in drawn))
     return warm_table
+
+
+def client_view(workload: Workload, runs: list[ArmRun]) -> dict[str, float | None]:
+    """What the client saw over ``runs``' measured windows, every streamed class
+    together, to set beside the engines' histograms: TTFT and the proxy's queue wait
+    (``X-Whoseturn-Queue-Ms``), p50 and p95 in seconds (None for none)."""
+    sent = [
+        r
+        for cls in workload.classes
+        if cls.route != "batch-api"
+        for w in windows(workload, runs, cls.name)
+        for r in w.records
+        if w.start <= r.sent_at <= w.end and r.closed_at is None
+    ]
+    ttft = [t for r in sent if (t := r.ttft) is not None]
+    queue = [r.proxy_queue_ms / 1000.0 for r in sent if r.proxy_queue_ms is not None]
+    figures = {
+        "requests": float(len(ttft)),
+        "ttft_p50": pct(ttft, 0.50),
+        "ttft_p95": pct(ttft, 0.95),
+        "queue_p50": pct(queue, 0.50),
+        "queue_p95": pct(queue, 0.95),
+    }
+    return {k: None if math.isnan(v) else v for k, v in figures.items()}
+
+
+def disturbed_figures(stalls: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Which figures a long stop disturbed: ``{arm: phases}`` for the warm figures
+    (a warm run's phase disturbed), ``{"<arm> (cold)": phases}`` for the cold ones;
+    arms without a disturbed phase are left out."""
+    out: dict[str, list[str]] = {}
+    for arm, view in stalls.items():
+        for phase in view["disturbed"]:
+            key = f"{arm} (cold)" if phase.startswith("cold ") else arm
+            out.setdefault(key, []).append(phase)
+    return out
 
 
 def machine_view(result: ArmResult) -> dict[str, Any]:

@@ -7,6 +7,11 @@ across such a stop measures the machine, not the scheduling, so the harness runs
 this watch in its own process (``python -m loadtests.stalls``) and sets each
 repetition against the stops seen during it. Each stop longer than the threshold is
 printed as ``<monotonic start> <seconds>``.
+
+:func:`attribute` sets an arm's stops against its phases (each run's warm-up,
+measured window and drain): a phase in which a stop longer than
+:data:`DISTURBING_S` fell is *disturbed*. Its figures are kept as measured and
+marked, never dropped.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 TICK_S = 0.010
 THRESHOLD_S = 0.100
+DISTURBING_S = 0.500  # a stop this long in a phase marks its figures as disturbed
+OUTSIDE = "outside the runs"
 
 
 def watch(threshold_s: float = THRESHOLD_S) -> None:
@@ -88,6 +97,55 @@ def stopped_within(a: float, b: float, spans: list[tuple[float, float]]) -> floa
             covered += hi - lo
             reach = hi
     return covered
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A named span of an arm (monotonic seconds)."""
+
+    name: str
+    start: float
+    end: float
+
+
+def attribute(
+    stops: Sequence[tuple[float, float]],
+    phases: Sequence[Phase],
+    *,
+    origin: float,
+    disturbing_s: float = DISTURBING_S,
+) -> dict[str, Any]:
+    """An arm's ``stops`` (start, length) set against its ``phases``: their count,
+    longest and total length; each stop (``at`` seconds from ``origin``) with the
+    phases it overlaps (:data:`OUTSIDE` when none); per phase that had any, its
+    count, longest, total and whether it is disturbed (a stop longer than
+    ``disturbing_s`` overlaps it); and the disturbed phases, in phase order."""
+    listed: list[dict[str, Any]] = []
+    per_phase: dict[str, dict[str, Any]] = {}
+    for at, seconds in sorted(stops):
+        names = [p.name for p in phases if overlaps(p.start, p.end, [(at, seconds)])]
+        listed.append(
+            {"at": round(at - origin, 3), "seconds": seconds, "phases": names or [OUTSIDE]}
+        )
+        for name in names or [OUTSIDE]:
+            seen = per_phase.setdefault(
+                name, {"count": 0, "longest_s": 0.0, "total_s": 0.0, "disturbed": False}
+            )
+            seen["count"] += 1
+            seen["longest_s"] = max(seen["longest_s"], seconds)
+            seen["total_s"] += seconds
+            seen["disturbed"] = seen["disturbed"] or (seconds > disturbing_s and name != OUTSIDE)
+    lengths = [s for _, s in stops]
+    return {
+        "threshold_s": THRESHOLD_S,
+        "disturbing_s": disturbing_s,
+        "count": len(lengths),
+        "longest_s": max(lengths, default=0.0),
+        "total_s": sum(lengths, 0.0),
+        "stops": listed,
+        "phases": per_phase,
+        "disturbed": [p.name for p in phases if per_phase.get(p.name, {}).get("disturbed")],
+    }
 
 
 if __name__ == "__main__":

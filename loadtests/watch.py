@@ -155,11 +155,12 @@ async def watching(
     arm: str,
     samples: list[dict[str, Any]],
     interval_s: float = INTERVAL_S,
-) -> AsyncIterator[None]:
+) -> AsyncIterator[float]:
     """While the body runs: every ``interval_s``, scrape each server's ``/metrics``
     (``servers``: name to base URL) into ``out/metrics/<arm>-<name>.prom``, and sample
     each server's processes (``pids``: name to the pid listening, None for one not on
-    this machine) and the GPUs into ``samples`` and ``out/os-<arm>.jsonl``."""
+    this machine) and the GPUs into ``samples`` and ``out/os-<arm>.jsonl``. Yields the
+    watch's start (monotonic seconds), from which the files' times count."""
     (out / "metrics").mkdir(exist_ok=True)
     start = time.monotonic()
     view = ProcessView()
@@ -184,7 +185,7 @@ async def watching(
                 await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - start - t)))
 
     async with in_background(loop()):
-        yield
+        yield start
 
 
 def _sample(view: ProcessView, t: float, pids: dict[str, int | None]) -> dict[str, Any]:

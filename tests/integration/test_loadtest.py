@@ -115,7 +115,11 @@ def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
     assert engine["startup_facts"]["prefix_caching"]["from"] == "metrics"
     assert result["summaries"]["proxy"]["question"]["valid"] > 0
     jobs = result["summaries"]["proxy"]["jobs"]
-    assert jobs["valid"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"] > 0
+    # extraction prompts: every whole line's answer is checked against its schema (the
+    # simulated engine's text is no JSON, so none follows it and none is valid)
+    assert jobs["whole"] > 0 and jobs["schema_checked"] == jobs["whole"]
+    assert jobs["valid"] == jobs["schema_valid"]
+    assert jobs["records_per_hour"] > 0 and jobs["records_per_hour"] >= jobs["valid_per_hour"]
     assert result["summaries"]["direct"]["jobs"]["valid_per_hour"] is None  # no Batch API
     rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     assert rows and all(r["arm"] == "proxy" and r["batch_id"] for r in rows)
@@ -125,7 +129,20 @@ def test_loadtest_starts_the_engines_and_the_proxy_it_names_and_watches_them(
             assert scrapes.count("# scraped_at") >= 2
         peaks = result["machine"][arm]["servers"]
         assert all(peaks[name]["rss_peak_bytes"] > 10 * 2**20 for name in names)
-    assert "## Servers started by the harness" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Servers started by the harness" in report
+    # the new parts: stops per phase, TTFT by prompt length, the engines' histograms
+    assert set(result["stalls"]) == {"direct", "proxy"}
+    assert result["stalls"]["proxy"]["count"] == len(result["stalls"]["proxy"]["stops"])
+    assert "## The machine's stops" in report and "## TTFT by prompt length" in report
+    lengths = result["ttft_by_prompt_length"]["proxy"]["question"]
+    assert lengths and lengths[0]["bucket"] == "<512" and lengths[0]["ttft_p95"] > 0
+    engine_view = result["engine_histograms"]["proxy"]["engines"]
+    assert set(engine_view) == {"engine-0"}  # the proxy exports no vllm: histograms
+    warm = engine_view["engine-0"]["warm measured"]
+    assert warm["queue"]["requests"] > 0 and warm["prefill"]["mean"] > 0
+    assert result["engine_histograms"]["proxy"]["client"]["ttft_p95"] > 0
+    assert "## Queue and prefill as the engines saw them" in report
     ports = {int(s["url"].rsplit(":", 1)[1]) for arm in started.values() for s in arm}
     listening = {
         c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN

@@ -110,7 +110,9 @@ def _line(status: int, finish: str, tokens: int) -> str:
 
 def test_a_job_output_counts_answered_and_whole_lines() -> None:
     text = "\n".join([_line(200, "length", 8), _line(200, "stop", 3), _line(500, "length", 8), ""])
-    assert count_output(text, 8) == (3, 1)
+    counted = count_output(text, 8)
+    assert (counted.answered, counted.whole, counted.valid) == (3, 1, 1)
+    assert counted.schema_checked == counted.schema_valid == 0
 
 
 def test_job_figures_per_hour_over_the_runs_summed_length() -> None:

@@ -1,12 +1,19 @@
 """The machine's stops set against a repetition (loadtests.stalls.StallWatch.between
 and spans_between) and against one interval (loadtests.stalls.overlaps and
-stopped_within), on hand-filled lists: no child process is started."""
+stopped_within), and an arm's stops against its phases (loadtests.stalls.attribute,
+loadtests.runs), on hand-filled lists: no child process is started."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from loadtests.stalls import StallWatch, overlaps, stopped_within
+from loadtests.harness import ArmRun
+from loadtests.report_sections import disturbed_lines, stall_lines
+from loadtests.runs import ArmResult, disturbed_figures
+from loadtests.stalls import OUTSIDE, Phase, StallWatch, attribute, overlaps, stopped_within
+from loadtests.workload_file import load_workload
 
 
 def watch(*stalls: tuple[float, float]) -> StallWatch:
@@ -138,3 +145,59 @@ def test_stopped_within_is_never_more_than_the_interval() -> None:
 
 def test_stopped_within_an_empty_interval_is_nothing() -> None:
     assert stopped_within(12.0, 12.0, [(10.0, 5.0)]) == 0.0
+
+
+PHASES = [
+    Phase("warm-0 warm-up", 100.0, 102.0),
+    Phase("warm-0 measured", 102.0, 110.0),
+    Phase("warm-0 drain", 110.0, 111.0),
+]
+
+
+def test_stops_are_set_against_the_phases_they_overlap() -> None:
+    stops = [(103.0, 0.2), (109.8, 0.6), (100.5, 0.15), (120.0, 2.0)]
+    view = attribute(stops, PHASES, origin=100.0, disturbing_s=0.5)
+    assert (view["count"], view["longest_s"]) == (4, 2.0)
+    assert view["total_s"] == pytest.approx(2.95)
+    assert [s["phases"] for s in view["stops"]] == [
+        ["warm-0 warm-up"],
+        ["warm-0 measured"],
+        ["warm-0 measured", "warm-0 drain"],  # runs over the window's end
+        [OUTSIDE],
+    ]
+    assert [s["at"] for s in view["stops"]] == [0.5, 3.0, 9.8, 20.0]
+    measured = view["phases"]["warm-0 measured"]
+    assert (measured["count"], measured["longest_s"]) == (2, 0.6)
+    assert measured["total_s"] == pytest.approx(0.8)
+    # the 0.6 s stop disturbs both phases it overlaps; a long stop outside every run
+    # disturbs none, and the short stop of the warm-up none
+    assert view["disturbed"] == ["warm-0 measured", "warm-0 drain"]
+    assert not view["phases"][OUTSIDE]["disturbed"]
+    assert not view["phases"]["warm-0 warm-up"]["disturbed"]
+
+
+def test_no_stop_no_disturbance() -> None:
+    view = attribute([], PHASES, origin=100.0)
+    assert (view["count"], view["longest_s"], view["total_s"]) == (0, 0.0, 0.0)
+    assert view["disturbed"] == [] and view["phases"] == {}
+
+
+def test_an_arms_phases_and_the_figures_a_stop_disturbs() -> None:
+    workload = load_workload(Path("loadtests/workloads/awkward.yaml"))  # cold + 2 warm, 40 s
+    cold = ArmRun(1000.0, ended_at=1041.0)
+    warm = [ArmRun(1041.0, ended_at=1082.0), ArmRun(1082.0)]  # the last: not drained
+    result = ArmResult(warm, cold, stalls=[(1050.0, 1.5), (1005.0, 0.7)])
+    phases = result.phases(workload)
+    assert [p.name for p in phases[:3]] == ["cold warm-up", "cold measured", "cold drain"]
+    assert (phases[4].start, phases[4].end) == (1049.0, 1081.0)  # warm-0 measured
+    assert phases[-1].start == phases[-1].end == 1122.0  # no drain seen
+    view = result.stall_view(workload)
+    assert view["disturbed"] == ["cold warm-up", "warm-0 measured"]
+    assert disturbed_figures({"proxy": view}) == {
+        "proxy (cold)": ["cold warm-up"],
+        "proxy": ["warm-0 measured"],
+    }
+    said = disturbed_lines({"proxy": ["warm-0 measured"]}, {"proxy": view})
+    lines = "\n".join(stall_lines({"proxy": view}) + said)
+    assert "warm-0 measured: 1 (1.50 s) DISTURBED" in lines
+    assert "**Disturbed**: the proxy figures include warm-0 measured" in lines
