@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from loadtests.engines import started
 from loadtests.harness import direct_route, proxy_route
 from loadtests.runs import ArmResult, finish, run_plan
-from loadtests.workload_file import Workload, WorkloadError, load_workload
+from loadtests.workload_file import Workload, WorkloadError, load_workload, narrowed
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -53,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=DEFAULT_OUT, help="results go to OUT/<name>-<date-time>/"
     )
     parser.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="run only these of the file's arms (bars that judge another arm are left out)",
+    )
+    parser.add_argument(
+        "--warm-runs", type=int, metavar="N", help="warm runs per arm (default: the file's)"
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="check the workload file and print what would run (arms, commands, bars)",
@@ -76,9 +84,14 @@ def run_loadtest(args: argparse.Namespace) -> int:
     workload file (the message names the key)."""
     try:
         workload = load_workload(args.workload)
+        only = args.arms.split(",") if args.arms else None
+        workload, left_out = narrowed(workload, only, args.warm_runs)
     except WorkloadError as exc:
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
+    for bar in left_out:
+        of = bar.arm or " / ".join(bar.ratio)
+        print(f"whoseturn: bar {bar.figure} ({of}) left out: its arm is not run", file=sys.stderr)
     if args.dry_run:
         print(dry_run(workload))
         return 0

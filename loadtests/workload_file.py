@@ -53,7 +53,7 @@ bars:                       # optional: verdicts on the warm figures, printed an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,35 @@ def load_workload(path: Path) -> Workload:
         return parse_workload(data, base=path.parent)
     except WorkloadError as exc:
         raise WorkloadError(f"{path}: {exc}") from None
+
+
+def narrowed(
+    workload: Workload, arms: list[str] | None = None, warm_runs: int | None = None
+) -> tuple[Workload, list[Bar]]:
+    """``workload`` with only the named ``arms`` (in the file's order) and
+    ``warm_runs`` warm runs, and the bars left out because an arm they judge is not
+    run. :class:`WorkloadError` for an arm the file does not name, or fewer than one
+    warm run."""
+    if warm_runs is not None and warm_runs < 1:
+        raise WorkloadError(f"warm runs: at least 1, got {warm_runs}")
+    plan = workload.plan if warm_runs is None else replace(workload.plan, warm_runs=warm_runs)
+    if arms is None:
+        return replace(workload, plan=plan), []
+    known = [a.name for a in workload.arms]
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        raise WorkloadError(f"arms: {unknown} not in the file's arms {known}")
+    kept = tuple(a for a in workload.arms if a.name in arms)
+    names = {a.name for a in kept}
+
+    def judged(bar: Bar) -> bool:
+        if bar.all_valid:
+            return True
+        return bar.arm in names if bar.arm else set(bar.ratio) <= names
+
+    bars = tuple(b for b in workload.bars if judged(b))
+    left_out = [b for b in workload.bars if not judged(b)]
+    return replace(workload, plan=plan, arms=kept, bars=bars), left_out
 
 
 def parse_workload(data: Any, *, base: Path) -> Workload:

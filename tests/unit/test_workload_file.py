@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from loadtests.harness import body, direct_route, proxy_route, send_times
-from loadtests.workload_file import WorkloadError, load_workload, parse_workload
+from loadtests.workload_file import WorkloadError, load_workload, narrowed, parse_workload
 
 WORKLOADS = Path(__file__).parents[2] / "loadtests" / "workloads"
 
@@ -237,3 +237,22 @@ def test_sources_without_chars_give_whole_items() -> None:
     assert chat.prompt_chars is None and chat.prompt_source == "conversations"
     messages = body(w, chat, 0)["messages"]
     assert len(messages) > 1 and messages[0]["content"].startswith("chat 0.")
+
+
+def test_narrowed_runs_only_the_named_arms_and_leaves_out_their_bars() -> None:
+    path = Path(__file__).parents[2] / "loadtests" / "workloads" / "compare.yaml"
+    full = load_workload(path)
+    w, left_out = narrowed(full, ["fcfs", "proxy", "proxy-auto"], warm_runs=1)
+    assert [a.name for a in w.arms] == ["fcfs", "proxy", "proxy-auto"]
+    assert w.plan.warm_runs == 1 and w.plan.cold == full.plan.cold
+    judged = {b.arm or tuple(b.ratio) for b in w.bars if not b.all_valid}
+    assert ("priority", "proxy") not in judged and ("fcfs", "proxy") in judged
+    assert "proxy-auto" in judged
+    assert any(b.all_valid for b in w.bars)
+    assert len(w.bars) + len(left_out) == len(full.bars)
+    assert {"priority", "budget512"} & {a for b in left_out for a in b.ratio}
+    assert narrowed(full) == (full, [])
+    with pytest.raises(WorkloadError, match="'sideways'"):
+        narrowed(full, ["fcfs", "sideways"])
+    with pytest.raises(WorkloadError, match="at least 1"):
+        narrowed(full, None, warm_runs=0)
