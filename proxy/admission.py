@@ -152,6 +152,8 @@ class Admission:
             if self._scheduler.abort(abort):
                 self._hold_place(abort.job_id)  # its request waits again (readmit)
                 aborted = True
+        if aborted:
+            self._released()  # batch prompt tokens left prefill
         return aborted
 
     # -- feedback from the request path ------------------------------------------

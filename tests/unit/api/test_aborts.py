@@ -206,6 +206,8 @@ async def test_a_place_held_for_an_aborted_job_goes_when_its_client_leaves() -> 
     scheduler = Scheduler([EngineConfig(name="a", models=("m",))], VirtualClock(0.0))
     admission = Admission(scheduler)
     admission.on_abort = lambda _: True  # the edge can always abort here
+    released: list[str] = []
+    admission.on_release = lambda: released.append(final.phase.value)
     final = Job(id="final", cls=TrafficClass.BATCH, model="m", prompt_tokens=100, arrival=0.0)
     final.abortable = True
     async with anyio.create_task_group() as group:
@@ -215,6 +217,7 @@ async def test_a_place_held_for_an_aborted_job_goes_when_its_client_leaves() -> 
         group.start_soon(admission.admit, chat)  # waited 1 s: past the aim, abort
         await until(lambda: final.aborts == 1)
         assert admission.knows("final") and final.phase.value == "queued"
+        assert released == ["queued"]  # its tokens left prefill: the shared ledger is told
         admission.abandon("final")  # the client left before it waited again
         assert not admission.knows("final") and "final" not in scheduler.jobs
         group.cancel_scope.cancel()
