@@ -4,6 +4,8 @@ the scheduler's requeue (at the head, pinned to its engine, logged)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from proxy.scheduler import Abort, HoldRules, Job, Phase, Scheduler
 from proxy.scheduler.aborts import choose_abort, may_abort, remaining_prefill
@@ -243,3 +245,82 @@ def test_remaining_prefill() -> None:
     j.dispatched_at = 1.0
     assert remaining_prefill(j, 1.2) == pytest.approx(0.3)
     assert remaining_prefill(j, 2.0) == 0.0
+
+
+# -- random interleavings ----------------------------------------------------------
+
+KINDS = ("batch", "batch", "chat", "dispatch", "dispatch", "first", "finish", "cancel")
+KINDS += ("advance", "abort", "abort", "abort")
+EVENTS = st.lists(
+    st.tuples(st.sampled_from(KINDS), st.integers(0, 63), st.sampled_from([0.5, 0.1, 0.0])),
+    min_size=30,
+    max_size=100,
+)
+
+
+def check_abort(s: Scheduler, abort: Abort, now: float) -> None:
+    """An abort names an abortable batch job in prefill on its engine, below the
+    limit, with a chat waiting behind it past the aim."""
+    job = s.jobs[abort.job_id]
+    assert job.cls is B and job.abortable and job.phase is Phase.PREFILL
+    assert job.engine == abort.engine and abort.number == job.aborts + 1 <= abort.limit
+    assert abort.waited_s + abort.remaining_s > abort.aim_s
+    chat = s.jobs[abort.chat_id]
+    assert chat.cls is I and (chat.phase is Phase.QUEUED or chat.engine == abort.engine)
+    if chat.phase is not Phase.QUEUED:  # in prefill behind the job, not ahead of it
+        assert chat.phase is Phase.PREFILL and chat.dispatched_at is not None
+        assert job.dispatched_at is not None and chat.dispatched_at >= job.dispatched_at
+    assert abort.waited_s == pytest.approx(now - chat.arrival)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=EVENTS, engines=st.integers(1, 2), limit=st.integers(1, 3), hold=st.booleans())
+@pytest.mark.timeout(120)
+def test_aborts_over_random_events_lose_no_job_and_keep_the_limit(
+    events: list[tuple[str, int, float]], engines: int, limit: int, hold: bool
+) -> None:
+    names = "ab"[:engines]
+    rules = HoldRules(interactive_hold=hold)  # without: batch also goes beside chat prefill
+    s, clock = make(*(engine(n, max_inflight=3) for n in names), abort_limit=limit, hold=rules)
+    seen: list[Job] = []
+    finished: list[str] = []
+    for kind, k, x in events:
+        live = [j for j in seen if j.id in s.jobs]
+        pick = live[k % len(live)] if live else None
+        if kind == "batch":
+            j = batch(f"b{len(seen)}", 100 + k, prefill_s=x or None, pinned=None)
+            j.abortable = k % 4 != 0
+            s.submit(j)
+            seen.append(j)
+            s.dispatch()
+        elif kind == "chat":  # sent at once, as the edge does
+            seen.append(chat(s, f"c{len(seen)}"))
+            s.dispatch()
+        elif kind == "dispatch":
+            s.dispatch()
+        elif kind == "first" and pick is not None:
+            s.on_first_token(pick.id)
+        elif kind == "finish" and pick is not None and pick.phase is not Phase.QUEUED:
+            assert s.on_finished(pick.id) is pick
+            finished.append(pick.id)
+        elif kind == "cancel" and pick is not None:
+            s.cancel(pick.id)
+        elif kind == "advance":
+            clock.advance(x)
+        elif kind == "abort":
+            due = s.aborts_due()
+            assert s.aborts_due() == due and len({a.engine for a in due}) == len(due)
+            for abort in due:
+                check_abort(s, abort, clock.now())
+                assert s.abort(abort)
+                assert s.jobs[abort.job_id].phase is Phase.QUEUED
+        check_accounting(s, seen)
+        check_turns(s)
+        assert all(j.aborts <= limit for j in seen)
+    assert len(finished) == len(set(finished))  # none ran to completion twice
+    cut = [d for d in s.log if d.action == "abort"]
+    event(f"aborts: {min(len(cut), 3)}+")
+    event(f"most aborts of one job: {max((j.aborts for j in seen), default=0)}")
+    assert all(d.abort is not None and d.abort.job_id == d.job_id for d in cut)
+    for j in seen:
+        assert sum(1 for d in cut if d.job_id == j.id) == j.aborts
