@@ -221,3 +221,36 @@ async def test_a_place_held_for_an_aborted_job_goes_when_its_client_leaves() -> 
         admission.abandon("final")  # the client left before it waited again
         assert not admission.knows("final") and "final" not in scheduler.jobs
         group.cancel_scope.cancel()
+
+
+class Broken(httpx.AsyncByteStream):
+    """An engine's answer that breaks before its first chunk."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        raise httpx.ReadError("connection reset")
+        yield b""  # pragma: no cover - never reached
+
+
+@pytest.mark.parametrize("how", ["broken", "silent"])
+async def test_a_final_that_fails_before_its_first_chunk_fails_as_without_aborts(
+    how: str,
+) -> None:
+    """The first chunk of an abortable request is read before the relay starts; a
+    read that fails or times out then is raised where the relay reads, so the
+    request fails (or is retried) exactly as any other."""
+    engines = AbortingEngines()
+    if how == "broken":
+        engines.final = Broken()  # type: ignore[assignment]
+    async with running(settings(engines, first_byte_timeout_s=0.2), engines) as (client, state):
+        responses: list[httpx.Response] = []
+        await batch(client, False, responses)
+        assert responses[0].status_code == 502
+        assert "The engine failed mid-answer" in responses[0].json()["error"]["message"]
+        assert ("timed out" in responses[0].text or "sent nothing" in responses[0].text) is (
+            how == "silent"
+        )
+        assert engines.finals == 1 and state.scheduler.jobs == {}
+        metrics = (await client.get("/metrics")).text
+        assert 'whoseturn_requests_total{class="batch",engine="a",outcome="engine_error"} 1.0' in (
+            metrics
+        )
