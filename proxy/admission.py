@@ -4,9 +4,12 @@ The edge queues a job with :meth:`Admission.admit` and waits for its turn; it
 reports what happens to the job (first token, gaps, finish, failure, hang-up) by
 the job's id. Every event that can free room runs the scheduler (:meth:`pump`),
 and each job the scheduler dispatches is released to the request that waits for
-it as an :class:`Admitted` value. The engine monitor and the periodic tick come in
-here too. Reads (:meth:`report`, :meth:`decisions`, :meth:`models`, ...) never run
-the scheduler and never change its state.
+it as an :class:`Admitted` value. After each run the scheduler is asked which
+batch jobs in prefill to abort for a chat (:mod:`proxy.scheduler.aborts`): each
+one the edge can still abort (``on_abort``: nothing of it reached its client) is
+requeued, and its request waits again with :meth:`readmit`. The engine monitor
+and the periodic tick come in here too. Reads (:meth:`report`, :meth:`decisions`,
+:meth:`models`, ...) never run the scheduler and never change its state.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from proxy.config import EngineConfig
 from proxy.scheduler import (
+    Abort,
     Decision,
     Dispatch,
     EngineLoad,
@@ -66,6 +70,8 @@ class Admission:
         self._waiters: dict[str, asyncio.Future[Admitted]] = {}
         self.closed = False
         self.on_release: Callable[[], None] | None = None  # work left prefill or ended
+        # the edge cancels an aborted job's upstream request; False if it cannot now
+        self.on_abort: Callable[[Abort], bool] | None = None
 
     def _released(self) -> None:
         if self.on_release is not None:
@@ -122,14 +128,33 @@ class Admission:
         return future
 
     def pump(self) -> None:
-        """Run the scheduler and release the jobs it dispatches."""
-        for dispatch in self._scheduler.dispatch():
-            future = self._waiters.get(dispatch.job.id)
-            if future is None or future.done():
-                # Nobody waits any more (the client left between two events).
-                self._scheduler.cancel(dispatch.job.id)
+        """Run the scheduler and release the jobs it dispatches; then abort the
+        batch jobs due, and run it again while any was (each job is aborted a
+        bounded number of times, so this ends)."""
+        while True:
+            for dispatch in self._scheduler.dispatch():
+                future = self._waiters.get(dispatch.job.id)
+                if future is None or future.done():
+                    # Nobody waits any more (the client left between two events).
+                    self._scheduler.cancel(dispatch.job.id)
+                    continue
+                future.set_result(Admitted.of(dispatch))
+            if not self._abort_due():
+                return
+
+    def _abort_due(self) -> bool:
+        """Abort the batch jobs the scheduler names where the edge still can; whether
+        any was (an abort the edge cannot make now is asked again at a later event)."""
+        aborted = False
+        for abort in self._scheduler.aborts_due():
+            if self.on_abort is None or not self.on_abort(abort):
                 continue
-            future.set_result(Admitted.of(dispatch))
+            if self._scheduler.abort(abort):
+                self._hold_place(abort.job_id)  # its request waits again (readmit)
+                aborted = True
+        if aborted:
+            self._released()  # batch prompt tokens left prefill
+        return aborted
 
     # -- feedback from the request path ------------------------------------------
 
@@ -147,10 +172,15 @@ class Admission:
         self._released()
 
     def abandon(self, job_id: str) -> None:
-        """The client left: forget the job wherever it is."""
+        """The client left: forget the job wherever it is (a place held for it too)."""
+        self._waiters.pop(job_id, None)
         self._scheduler.cancel(job_id)
         self.pump()
         self._released()
+
+    def answering(self, job_id: str) -> None:
+        """The engine began to answer ``job_id``: it is not aborted any more."""
+        self._scheduler.on_answering(job_id)
 
     def failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job; True if it is queued again for another engine."""
@@ -210,6 +240,11 @@ class Admission:
 
     def now(self) -> float:
         return self._scheduler.clock.now()
+
+    def abortable(self, job_id: str) -> bool:
+        """Whether ``job_id`` may yet be aborted in prefill for a chat."""
+        job, limit = self._scheduler.jobs.get(job_id), self._scheduler.settings.abort_limit
+        return job is not None and job.abortable and job.aborts < limit
 
     def knows(self, job_id: str) -> bool:
         """Whether a job of that id is queued, in flight or waiting for its turn."""

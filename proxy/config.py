@@ -19,6 +19,8 @@ typo stops the proxy at start rather than at the first request. Example file::
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     batch_min_share: 0.05         # batch keeps about this share of each engine's prefill
     hold_timeout_s: 10            # a chat in prefill longer than this stops holding batch
+    batch_abort: auto             # off / on: abort a batch request in prefill for a chat
+    batch_abort_max: 3            # the most aborts of one batch request
     dns_interval_s: 5             # DNS groups of engines (dns+http://...) resolved again
     ledger_dsn: postgresql://...  # several replicas share each engine's budget
                                   # (docs/replicas.md); unset: this replica alone
@@ -42,7 +44,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
 ``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_DNS_INTERVAL_S``,
 ``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_BATCH_STORE_PATH``,
-``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``.
+``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
+``WHOSETURN_BATCH_ABORT``, ``WHOSETURN_BATCH_ABORT_MAX``.
 """
 
 from __future__ import annotations
@@ -198,6 +201,7 @@ DNS_SCHEME_PREFIX = "dns+"
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
 BATCH_STORES = ("sqlite", "postgres")
+BATCH_ABORTS = ("off", "on", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +242,11 @@ class Settings:
     # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
     batch_min_share: float = 0.05
     hold_timeout_s: float = 10.0
+    # Aborting a batch request in prefill for a chat whose TTFT it puts at risk, and
+    # requeueing it (docs/scheduling.md): ``auto`` the final request of a pieced
+    # prompt (only where its engine pieces); ``on`` every batch request; ``off``.
+    batch_abort: str = "auto"
+    batch_abort_max: int = 3  # the most times one batch request is aborted
     dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
 
     # Several replicas, one budget (docs/replicas.md): off while no ledger DSN is set.
@@ -390,6 +399,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     """Validate a settings document (the merged YAML, environment and flags)."""
     _known(_fields(Settings), data, "settings")
     body = dict(data)
+    if isinstance(body.get("batch_abort"), bool):  # YAML reads a bare off / on as a bool
+        body["batch_abort"] = "on" if body["batch_abort"] else "off"
     targets = _targets(body)
     engines = _engines(body.pop("engines", None), targets)
     override = _class_override(body.pop("class_override", None))
@@ -428,6 +439,8 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     )
     _check(0 <= settings.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
     _check(settings.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
+    _check(settings.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
+    _check(settings.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
     _check_batch(settings)
     return settings
 
@@ -463,6 +476,8 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
     "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
     "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),
+    "WHOSETURN_BATCH_ABORT": ("batch_abort", str),
+    "WHOSETURN_BATCH_ABORT_MAX": ("batch_abort_max", int),
     "WHOSETURN_BATCH_STORE": ("batch_store", str),
     "WHOSETURN_BATCH_DSN": ("batch_dsn", str),
 }

@@ -168,6 +168,7 @@ async def build(
         clock,
         SchedulerSettings(
             decision_log_size=settings.decision_log_size,
+            abort_limit=settings.batch_abort_max,
             hold=HoldRules(
                 hold_timeout_s=settings.hold_timeout_s, batch_min_share=settings.batch_min_share
             ),
@@ -192,6 +193,7 @@ async def build(
     forwarder = Forwarder(
         settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )
+    admission.on_abort = forwarder.abort
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
         discovery, shared,

@@ -9,10 +9,19 @@ response is closed, which makes the engine abort the request.
 Failures before the client has received a byte are retried on another engine
 serving the model (a non-streaming answer counts as not yet received until it is
 whole); a stream that breaks after bytes went out ends with an SSE error event.
+
+A batch request the scheduler may abort in prefill for a chat (``batch_abort``,
+:mod:`proxy.scheduler.aborts`) is sent with a window open (:mod:`proxy.api.aborts`)
+until the engine's first chunk: nothing is relayed to the client before then
+(a streaming client's response starts only then). Aborted inside it, the
+upstream response is closed (vLLM aborts the request, its computed blocks stay
+cached) and the same request waits for its next dispatch on the same engine; the
+client sees only a later first token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.admission import Admitted, Closed
+from proxy.api.aborts import Windows
 from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import StartWatch, new_request_id, request_id, set_request_id
@@ -41,11 +51,12 @@ from proxy.engines import (
     EngineHTTPError,
     EngineMonitor,
     EnginePool,
+    EngineTimeout,
     EngineUnavailable,
     UpstreamError,
     map_stream_error,
 )
-from proxy.scheduler import Job, TrafficClass
+from proxy.scheduler import Abort, Job, TrafficClass
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,9 +101,13 @@ async def close_shielded(stack: AsyncExitStack) -> None:
 
 @dataclass
 class Opened:
+    """An upstream answer opened: ``chunks`` replaces the response's own raw chunks
+    where the first was read already (an abortable job's)."""
+
     admitted: Admitted
     response: httpx.Response
     stack: AsyncExitStack
+    chunks: AsyncIterator[bytes] | None = None
 
     @property
     def engine(self) -> str:
@@ -123,6 +138,7 @@ class Forwarder:
         self.services = services
         self.reserve = reserve
         self.pieces = pieces
+        self.windows = Windows()
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
         arrival = self.services.clock.now()
@@ -187,8 +203,11 @@ class Forwarder:
             job = Job(
                 id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
                 arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
-                piece=final.piece,
+                piece=final.piece, abortable=self._abortable(req.cls, final),
             )  # fmt: skip
+            if job.abortable and self.pieces is not None:
+                cost = self.pieces.cost(final.engine)
+                job.prefill_s = None if cost is None else cost * final.tokens
             admitted = await admission.admit(job)
         except Closed:
             self._count(ticket, "", "rejected")  # queued when the drain began
@@ -199,21 +218,96 @@ class Forwarder:
         self.services.metrics.queue_wait.labels(req.cls.value).observe(admitted.queued_s)
         return admitted
 
+    def _abortable(self, cls: TrafficClass, final: Final) -> bool:
+        """Whether a job may be aborted in prefill for a chat (``batch_abort``):
+        ``auto``, the final request of a pieced prompt (``final.engine`` set: its
+        engine pieces); ``on``, every batch request; ``off``, none."""
+        mode = self.settings.batch_abort
+        if cls is not TrafficClass.BATCH or mode == "off" or self.pieces is None:
+            return False
+        return mode == "on" or final.engine is not None
+
     async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere
-        while no byte has reached the client."""
+        while no byte has reached the client, and again after an abort."""
         pieced = None
         if not retried and self.pieces is not None:
             pieced = await self.pieces.prepare(ticket)
+        aborted = False
         while True:
             admitted = await self._wait(ticket, retried, pieced)
             retried = True
+            if aborted and self.pieces is not None:
+                self.pieces.requeued(admitted.engine)
             if not await self._reserved(ticket):
                 continue  # queued again: the shared budget refused it (batch only)
             try:
-                return await self._connect(ticket, admitted)
+                opened = await self._attempt(ticket, admitted)
             except BaseException as exc:
                 self._open_failed(ticket, admitted, exc)
+                continue
+            if opened is not None:
+                return opened
+            aborted = True  # requeued at the head of the batch queue: wait again
+
+    def abort(self, abort: Abort) -> bool:
+        """Cut batch job ``abort.job_id``'s upstream request if nothing of it can have
+        reached its client yet; whether it was (the admission then requeues it)."""
+        if not self.windows.abort(abort.job_id, abort.engine):
+            return False
+        logger.info(
+            "%s: aborted in prefill on %s, to be requeued: chat %s waited %.3f s and "
+            "%.3f s of its prefill was left, past the TTFT aim %.3f s (abort %d of %d)",
+            abort.job_id, abort.engine, abort.chat_id, abort.waited_s, abort.remaining_s,
+            abort.aim_s, abort.number, abort.limit,
+        )  # fmt: skip
+        if self.pieces is not None:
+            self.pieces.aborted(abort.engine)
+        return True
+
+    async def _attempt(self, ticket: Ticket, admitted: Admitted) -> Opened | None:
+        """Open the job's upstream stream on its engine; an abortable job's within a
+        window up to the engine's first chunk (read, and kept for the relay). None
+        if it was aborted meanwhile: its upstream is closed, nothing was relayed."""
+        admission = self.services.admission
+        if not admission.abortable(ticket.id):
+            return await self._connect(ticket, admitted)
+        window = self.windows.open(ticket.id, admitted.engine)
+        opened: Opened | None = None
+        try:
+            with window.scope:
+                opened = await self._connect(ticket, admitted)
+                opened = await self._first_chunk(opened)
+        except BaseException as exc:
+            if opened is not None:
+                await close_shielded(opened.stack)
+            if not window.aborted or isinstance(exc, anyio.get_cancelled_exc_class()):
+                raise
+            opened = None  # an error while being aborted: the abort stands
+        finally:
+            self.windows.close(ticket.id, window)
+        if window.aborted:
+            if opened is not None:
+                await close_shielded(opened.stack)
+            return None
+        admission.answering(ticket.id)
+        return opened
+
+    async def _first_chunk(self, opened: Opened) -> Opened:
+        """``opened`` with its first chunk read, to be relayed after it. A read that
+        fails (or times out) is kept too, and raised where the relay reads it."""
+        chunks = opened.response.aiter_raw()
+        limit = self.services.timeouts.first_byte_s
+        first: bytes | None = None
+        error: Exception | None = None
+        try:
+            with anyio.move_on_after(limit) as timer:
+                first = await anext(chunks, None)
+            if timer.cancelled_caught:
+                error = EngineTimeout(opened.engine, f"the engine sent nothing for {limit:g} s")
+        except (httpx.HTTPError, UpstreamError) as exc:
+            error = exc
+        return dataclasses.replace(opened, chunks=_replay(first, error, chunks))
 
     async def _connect(self, ticket: Ticket, admitted: Admitted) -> Opened:
         """Open the job's upstream stream on its engine. A connect timeout on an
@@ -307,7 +401,7 @@ class Forwarder:
         retried = False
         while True:
             opened = await self._open(ticket, retried)
-            relay = Relay(ticket, opened.admitted, opened.response, self.services)
+            relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
             assembler = Assembler(chat=ticket.req.chat)
             try:
                 async for event in relay.events():
@@ -339,10 +433,24 @@ class Forwarder:
         return JSONResponse(asm.body(), headers=headers)
 
     def _stream(self, ticket: Ticket, opened: Opened) -> Response:
-        relay = Relay(ticket, opened.admitted, opened.response, self.services)
+        relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
         headers = self._headers(ticket, opened.admitted)
         wish = ticket.req.wish
         return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
+
+
+async def _replay(
+    first: bytes | None, error: Exception | None, rest: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """The chunks of a response whose first was read already: ``error`` if that
+    read failed; else ``first`` (None: there was none), then ``rest``."""
+    if error is not None:
+        raise error
+    if first is None:
+        return
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def _json_or_error(raw: bytes) -> dict[str, Any]:

@@ -81,11 +81,25 @@ class PieceMetrics:
             ["engine", "reason"],
             registry=registry,
         )
+        self.aborts = Counter(
+            "whoseturn_batch_aborts",
+            "Batch requests aborted in prefill on an engine for a chat, to be requeued",
+            ["engine"],
+            registry=registry,
+        )
+        self.requeues = Counter(
+            "whoseturn_batch_requeues",
+            "Batch requests sent again to an engine after an abort",
+            ["engine"],
+            registry=registry,
+        )
 
     def add(self, name: str) -> None:
         """Export engine ``name``'s series at zero from the start."""
         self.pieces.labels(name)
         self.prompts.labels(name)
+        self.aborts.labels(name)
+        self.requeues.labels(name)
         for reason in ("cache_miss", "piece_failed"):
             self.fallbacks.labels(name, reason)
 
@@ -175,6 +189,23 @@ class Piecer:
             name, "on" if facts.enabled else "off", facts.reason,
             facts.block_size, facts.piece_tokens, ADVICE,
         )  # fmt: skip
+
+    def aborted(self, engine: str) -> None:
+        """A batch request was aborted in prefill on ``engine``, to be requeued."""
+        self.metrics.aborts.labels(engine).inc()
+        if engine in self.board:
+            self.board[engine].aborts += 1
+
+    def requeued(self, engine: str) -> None:
+        """An aborted batch request was sent again, to ``engine``."""
+        self.metrics.requeues.labels(engine).inc()
+        if engine in self.board:
+            self.board[engine].requeues += 1
+
+    def cost(self, engine: str | None) -> float | None:
+        """Engine ``engine``'s measured seconds per new prompt token (None: unknown)."""
+        facts = self.board.get(engine) if engine is not None else None
+        return None if facts is None else facts.seconds_per_token
 
     def report(self) -> dict[str, dict[str, object]]:
         """Each engine's piecing facts, for ``/turn``."""

@@ -70,14 +70,22 @@ class RelayStats:
 
 class Relay:
     def __init__(
-        self, ticket: Ticket, admitted: Admitted, response: httpx.Response, services: Services
+        self,
+        ticket: Ticket,
+        admitted: Admitted,
+        response: httpx.Response,
+        services: Services,
+        chunks: AsyncIterator[bytes] | None = None,
     ) -> None:
+        """``chunks``: the response's raw chunks where a first one was read already
+        (an abortable job's, :mod:`proxy.api.aborts`); else ``response``'s own."""
         self.ticket = ticket
         self.admitted = admitted
         self.engine = admitted.engine
         self.response = response
         self.services = services
         self.stats = RelayStats()
+        self._chunks = chunks
         self._labels = (ticket.req.cls.value, admitted.engine)
         metrics = services.metrics
         # the labelled children, looked up once: the per-token path only observes
@@ -96,7 +104,7 @@ class Relay:
         a client's hang-up (and every other request) would wait that long.
         """
         reader = SSEReader()
-        chunks = self.response.aiter_raw()
+        chunks = self._chunks if self._chunks is not None else self.response.aiter_raw()
         limit = self.services.timeouts.first_byte_s
         while (chunk := await self._next(chunks, limit)) is not None:
             limit = self.services.timeouts.idle_s

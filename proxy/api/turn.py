@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
 from proxy.batch.lines import job_line
+from proxy.scheduler import Abort
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import DEFAULT_SPAN_S
 from proxy.scheduler.turns import sentence
@@ -107,6 +108,20 @@ def _batch_line(job_id: str) -> dict[str, Any] | None:
     return {"id": found[0], "custom_id": found[1], "attempt": found[2]}
 
 
+def _abort_body(abort: Abort | None) -> dict[str, Any] | None:
+    """Why a batch job was aborted in prefill (:mod:`proxy.scheduler.aborts`)."""
+    if abort is None:
+        return None
+    return {
+        "chat": abort.chat_id,
+        "chat_waited_s": round(abort.waited_s, 4),
+        "prefill_left_s": round(abort.remaining_s, 4),
+        "ttft_aim_s": round(abort.aim_s, 4),
+        "number": abort.number,
+        "max": abort.limit,
+    }
+
+
 def log_body(admission: Admission, limit: int) -> dict[str, Any]:
     """The most recent decisions, oldest first, with wall-clock times; and the most
     recent moves of the budgets (``budget``), each with the numbers it judged."""
@@ -125,6 +140,8 @@ def log_body(admission: Admission, limit: int) -> dict[str, Any]:
                 "reason": d.reason.value if d.reason else None,
                 "budget": d.budget,
                 "piece": d.piece,
+                "action": d.action,
+                "abort": _abort_body(d.abort),
                 "batch": _batch_line(d.job_id),
             }
             for d in decisions

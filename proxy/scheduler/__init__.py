@@ -12,6 +12,7 @@ from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, ReplicaLoa
 from proxy.scheduler.types import (
     BATCH_PRIORITY,
     INTERACTIVE_PRIORITY,
+    Abort,
     Decision,
     Dispatch,
     HeldReason,
@@ -29,6 +30,7 @@ BudgetSettings = BudgetConfig
 __all__ = [
     "BATCH_PRIORITY",
     "INTERACTIVE_PRIORITY",
+    "Abort",
     "BudgetController",
     "BudgetSettings",
     "Decision",

@@ -29,6 +29,11 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
   :meth:`~Scheduler.drain_engine`): a draining engine takes no new work.
 - Each engine's turn and the reason batch is held are kept up to date after every
   event, and the time spent in each is accounted.
+- **A batch job in prefill may be aborted for a chat** whose TTFT it puts at risk,
+  if the edge marked it abortable (the final request of a pieced prompt), at most
+  ``abort_limit`` times: :meth:`Scheduler.aborts_due` reads which
+  (:mod:`proxy.scheduler.aborts`), :meth:`~Scheduler.abort` requeues it at the head
+  of the batch queue, pinned to its engine.
 
 What a decision costs: the queues are indexed by model (:mod:`proxy.scheduler.queue`),
 so an engine's first batch job is the earliest head of the lines of the models it
@@ -57,10 +62,12 @@ from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.config import EngineConfig
+from proxy.scheduler.aborts import DEFAULT_ABORT_LIMIT, choose_abort, may_abort
 from proxy.scheduler.queue import JobQueue
 from proxy.scheduler.routing import AffinityMap, pick_engine
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
+    Abort,
     Decision,
     Dispatch,
     HeldReason,
@@ -75,10 +82,13 @@ from proxy.scheduler.types import (
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
     """The scheduler's own knobs; ``hold`` says how interactive work holds batch
-    (the hold timeout and the starvation bound, :class:`HoldRules`)."""
+    (the hold timeout and the starvation bound, :class:`HoldRules`);
+    ``abort_limit``: the most times one batch job is aborted in prefill for a chat
+    (``batch_abort_max``)."""
 
     affinity_slack_tokens: int = 2048
     decision_log_size: int = 1000
+    abort_limit: int = DEFAULT_ABORT_LIMIT
     hold: HoldRules = dataclasses.field(default_factory=HoldRules)
 
 
@@ -121,6 +131,8 @@ class Scheduler:
         # dispatch times of chats sent (engine named): when each stops holding batch
         self._holds: list[tuple[float, str]] = []
         self._budget_due = -math.inf  # no budget loop is due before this time
+        # abortable batch jobs sent, in order (some may have left prefill since)
+        self._abortable: dict[str, None] = {}
 
     # -- intake ----------------------------------------------------------------
 
@@ -182,6 +194,7 @@ class Scheduler:
         if job is None:
             return None
         self._logged_hold.pop(job_id, None)
+        self._abortable.pop(job_id, None)
         if job.phase is Phase.QUEUED:
             self._unqueue(job)
         elif job.engine is not None:
@@ -324,6 +337,8 @@ class Scheduler:
         self._mark(engine.name)
         if job.cls is TrafficClass.INTERACTIVE:
             heapq.heappush(self._holds, (now, engine.name))
+        elif may_abort(job, self.settings.abort_limit):
+            self._abortable[job.id] = None
         self.affinity.remember(job.affinity, engine.name)
         self._log(now, engine.name, job, True, None)
         return Dispatch(job, engine.name, job.attempts, now)
@@ -339,9 +354,75 @@ class Scheduler:
         if first is not None:
             self._log(now, first.name, job, False, reason)
 
-    def _log(self, now: float, engine: str, job: Job, admitted: bool, r: HeldReason | None) -> None:
+    def _log(
+        self,
+        now: float,
+        engine: str,
+        job: Job,
+        admitted: bool,
+        r: HeldReason | None,
+        abort: Abort | None = None,
+    ) -> None:
         budget = self.engines[engine].budget.tokens
-        self.log.append(Decision(now, engine, job.id, job.cls, admitted, r, budget, job.piece))
+        decision = Decision(now, engine, job.id, job.cls, admitted, r, budget, job.piece, abort)
+        self.log.append(decision)
+
+    # -- aborting batch prefill for a chat (proxy.scheduler.aborts) --------------
+
+    def aborts_due(self) -> list[Abort]:
+        """The batch jobs to abort now, at most one per engine, in configuration
+        order (a read: nothing changes until :meth:`abort`)."""
+        if not self._abortable:
+            return []
+        limit = self.settings.abort_limit
+        names = {
+            j.engine for i in self._abortable if (j := self.jobs.get(i)) and may_abort(j, limit)
+        }
+        if not names:
+            return []
+        now = self.clock.now()
+        queued = list(self.queues[TrafficClass.INTERACTIVE])
+        out: list[Abort] = []
+        for name, engine in self.engines.items():
+            if name not in names:
+                continue
+            waiting = engine.chats_in_prefill() + [j for j in queued if engine.eligible(j)]
+            abort = choose_abort(engine, waiting, now, limit)
+            if abort is not None:
+                out.append(abort)
+        return out
+
+    def abort(self, abort: Abort) -> bool:
+        """Apply ``abort`` (from :meth:`aborts_due`, the edge having cancelled the
+        job's upstream request): the job goes back to the head of the batch queue,
+        pinned to its engine (what it computed is cached there), and the decision is
+        logged; whether it was (False: no longer in prefill there)."""
+        job = self.jobs.get(abort.job_id)
+        if job is None or job.engine != abort.engine or job.phase is not Phase.PREFILL:
+            return False
+        now = self._begin()
+        engine = self.engines[abort.engine]
+        engine.release(job.id)
+        self._mark(engine.name)
+        self._abortable.pop(job.id, None)
+        job.aborts += 1
+        if job.pinned is None:  # a whole request: its computed blocks are cached there
+            job.pinned = engine.name
+            job.excluded |= self._names_by_model.get(job.model, frozenset()) - {engine.name}
+        job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
+        self.queues[job.cls].appendleft(job)
+        self._mark_model(job.model, job)
+        self._log(now, engine.name, job, False, None, abort)
+        self._end(now)
+        return True
+
+    def on_answering(self, job_id: str) -> None:
+        """The engine began to answer ``job_id`` (a byte may reach its client): it is
+        never aborted from now on."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.abortable = False
+            self._abortable.pop(job_id, None)
 
     # -- feedback --------------------------------------------------------------
 
@@ -352,6 +433,7 @@ class Scheduler:
         now = self._begin()
         self.engines[job.engine].start_decode(job)
         self._mark(job.engine)
+        self._abortable.pop(job.id, None)
         job.first_token_at = now
         if job.beside_batch and job.dispatched_at is not None:
             # engine-side: the proxy's own queue and the cap are not batch's doing
@@ -379,8 +461,9 @@ class Scheduler:
         now = self._begin()
         self.engines[job.engine].release(job.id)
         self._mark(job.engine)
+        self._abortable.pop(job.id, None)
         if job.pinned is not None:  # a pieced prompt's cache is lost with its engine
-            job.pinned, job.excluded = None, set()
+            job.pinned, job.excluded, job.abortable = None, set(), False
         job.excluded.add(job.engine)
         others = [e for e in self._candidates(job) if e.up]
         requeued = retry and bool(others)
@@ -474,6 +557,7 @@ class Scheduler:
         now = self._begin()
         engine = self.engines[job.engine]
         engine.release(job.id)
+        self._abortable.pop(job.id, None)
         engine.batch_credit += job.prompt_tokens if job.cls is TrafficClass.BATCH else 0
         engine.others = others
         self._mark(engine.name)

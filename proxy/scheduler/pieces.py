@@ -166,6 +166,8 @@ class EnginePieces:
     pieces: int = 0
     pieced_prompts: int = 0
     fallbacks: int = 0
+    aborts: int = 0  # final requests aborted in prefill for a chat (aborts.py)
+    requeues: int = 0  # and sent again after an abort
     window: int = 16
     history: list[str] = field(default_factory=list)
     cache_check: str | None = None
@@ -234,6 +236,8 @@ class EnginePieces:
             "pieces": self.pieces,
             "pieced_prompts": self.pieced_prompts,
             "fallbacks": self.fallbacks,
+            "aborts": self.aborts,
+            "requeues": self.requeues,
             "cache_check": self.cache_check,
             "advice": ADVICE,
         }

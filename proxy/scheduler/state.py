@@ -185,6 +185,10 @@ class EngineState:
     def interactive_in_prefill(self) -> bool:
         return bool(self._chats_in_prefill)
 
+    def chats_in_prefill(self) -> list[Job]:
+        """The interactive jobs in prefill here, in the order they were sent."""
+        return list(self._chats_in_prefill.values())
+
     # -- admission -------------------------------------------------------------
 
     def can_take_interactive(self) -> bool:

@@ -80,6 +80,9 @@ class Job:
     pinned: str | None = None  # a pieced prompt's later pieces go where the first went
     piece: int = 0  # the piece of a pieced prompt now queued or in flight (0: not pieced)
     reserved: bool = False  # batch: its tokens are reserved in the shared ledger
+    abortable: bool = False  # batch: may be aborted in prefill and requeued (aborts.py)
+    prefill_s: float | None = None  # batch: its expected engine prefill time, where known
+    aborts: int = 0  # times it was aborted in prefill and requeued
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,26 @@ class Dispatch:
 
 
 @dataclass(frozen=True)
+class Abort:
+    """Abort batch job ``job_id`` in prefill on ``engine`` and requeue it: chat
+    ``chat_id`` has waited ``waited_s`` and the job's prefill has about
+    ``remaining_s`` left, together past the TTFT aim ``aim_s``; it is the job's
+    abort number ``number`` of at most ``limit`` (:mod:`proxy.scheduler.aborts`)."""
+
+    job_id: str
+    engine: str
+    chat_id: str
+    waited_s: float
+    remaining_s: float
+    aim_s: float
+    number: int
+    limit: int
+
+
+@dataclass(frozen=True)
 class Decision:
-    """One scheduling decision, as kept in the decision log."""
+    """One scheduling decision, as kept in the decision log: a job admitted, held
+    (``reason``), or aborted in prefill and requeued (``abort``)."""
 
     time: float
     engine: str
@@ -105,6 +126,14 @@ class Decision:
     reason: HeldReason | None
     budget: int
     piece: int = 0  # the piece of a pieced prompt (0: a whole request)
+    abort: Abort | None = None
+
+    @property
+    def action(self) -> str:
+        """``admit``, ``hold`` or ``abort``."""
+        if self.abort is not None:
+            return "abort"
+        return "admit" if self.admitted else "hold"
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,26 @@ def test_hold_rules_refuse_nonsense(key: str, value: float) -> None:
         settings_from_dict({"engines": [URL], key: value})
 
 
+def test_batch_abort_from_the_file_and_the_env(tmp_path: Path) -> None:
+    s = settings_from_dict({"engines": [URL]})
+    assert (s.batch_abort, s.batch_abort_max) == ("auto", 3)
+    text = f"engines: [{URL}]\nbatch_abort: off\nbatch_abort_max: 5\n"  # a bare off: a bool
+    s = load(tmp_path, config_file=str(write(tmp_path / "w.yaml", text)))
+    assert (s.batch_abort, s.batch_abort_max) == ("off", 5)
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_BATCH_ABORT": "on"}
+    s = load(tmp_path, env | {"WHOSETURN_BATCH_ABORT_MAX": "1"})
+    assert (s.batch_abort, s.batch_abort_max) == ("on", 1)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("batch_abort", "sometimes"), ("batch_abort_max", 0), ("batch_abort_max", 1.5)],
+)
+def test_batch_abort_refuses_nonsense(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}:"):
+        settings_from_dict({"engines": [URL], key: value})
+
+
 def test_dns_engine_groups_and_their_interval() -> None:
     settings = settings_from_dict(
         {"dns_interval_s": 2, "engines": ["dns+http://vllm-headless.ns.svc:8000", "http://b:1"]}
