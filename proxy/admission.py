@@ -290,6 +290,12 @@ class Admission:
         engines = self._scheduler.engines.items()
         return [(name, e.turn_history_at(now, seconds)) for name, e in engines]
 
+    def chat_missed_at(self, engine: str) -> float | None:
+        """When engine ``engine``'s budget loop last judged chat beside batch prefill
+        over its aim (None: never, or no such engine). A read."""
+        found = self._scheduler.engines.get(engine)
+        return None if found is None else found.budget.missed_at
+
     def budget_changes(self, limit: int) -> list[tuple[str, BudgetChange]]:
         """The ``limit`` most recent budget moves of all engines, oldest first, each
         with its engine's name."""

@@ -208,8 +208,13 @@ class Piecer:
         return None if facts is None else facts.seconds_per_token
 
     def report(self) -> dict[str, dict[str, object]]:
-        """Each engine's piecing facts, for ``/turn``."""
-        return {name: facts.report() for name, facts in self.board.items()}
+        """Each engine's piecing facts, for ``/turn``; ``piecing_now``: whether a
+        long batch prompt arriving now would be pieced there."""
+        now, missed = self.clock.now(), self.admission.chat_missed_at
+        return {
+            name: {**facts.report(), "piecing_now": facts.wanted(now, missed(name))}
+            for name, facts in self.board.items()
+        }
 
     # -- the request path ------------------------------------------------------
 
@@ -224,7 +229,9 @@ class Piecer:
         for name in up:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
-        if not all(self.board[name].enabled for name in up):
+        now = self.clock.now()
+        missed = self.admission.chat_missed_at
+        if not all(self.board[name].wanted(now, missed(name)) for name in up):
             return None
         facts = self.board[up[0]]
         if ticket.count.tokens <= facts.piece_tokens:

@@ -117,6 +117,9 @@ class BudgetController:
         self._cut_marks = (0, 0)  # samples of each signal already judged by a cut
         self.history: deque[tuple[float, int]] = deque([(now, self.tokens)], maxlen=600)
         self.changes: deque[BudgetChange] = deque(maxlen=200)
+        self.missed_at: float | None = None
+        """When the loop last judged a signal over its aim (cut or already at the
+        floor); None: never."""
 
     def observe_ttft(self, now: float, seconds: float) -> None:
         self.ttft.add(now, seconds)
@@ -159,6 +162,7 @@ class BudgetController:
         gap_over = p_gap is not None and p_gap > s.aim * s.gap_target_s
         before, counts = self.tokens, self.samples(now)
         if ttft_over or gap_over:
+            self.missed_at = now
             self.tokens = max(s.min_tokens, int(self.tokens * s.decrease))
             self._cut_marks = (self.ttft.added, self.gaps.added)
         elif batch_waiting:

@@ -48,7 +48,8 @@ from proxy.scheduler.types import Job, Phase
 
 class PiecingMode(enum.StrEnum):
     """``engines[].piecing``: ``off`` never; ``on`` always (until the cache fails to
-    hold); ``auto`` when the engine's ``/metrics`` reports prefix caching on."""
+    hold); ``auto`` where the engine's ``/metrics`` reports prefix caching on, and
+    only while chat needs it there (:meth:`EnginePieces.wanted`)."""
 
     OFF = "off"
     ON = "on"
@@ -102,6 +103,9 @@ def plan(total: int, size: int, block: int) -> list[Piece]:
 PIECE_DEPTH = 2
 """Pieces in prefill at once on one engine: the next piece waits in the engine while
 one runs, so the engine never idles for the proxy's round trip between pieces."""
+
+NEED_S = 120.0
+"""How long ``auto`` keeps piecing after chat's last miss on the engine."""
 
 
 def pieces_in_prefill(inflight: Iterable[Job]) -> int:
@@ -169,6 +173,8 @@ class EnginePieces:
     aborts: int = 0  # final requests aborted in prefill for a chat (aborts.py)
     requeues: int = 0  # and sent again after an abort
     window: int = 16
+    need_s: float = NEED_S
+    """``auto`` pieces for this long after chat beside batch prefill missed its aim."""
     history: list[str] = field(default_factory=list)
     cache_check: str | None = None
     """How pieces are checked: ``cached_tokens`` (in ``usage``) or
@@ -204,6 +210,21 @@ class EnginePieces:
             self.enabled, self.reason = True, "auto: the engine reports prefix caching on"
         else:
             self.enabled, self.reason = False, "auto: the engine does not say it caches prefixes"
+
+    def wanted(self, now: float, missed_at: float | None) -> bool:
+        """Whether a long prompt arriving at ``now`` is to be pieced: piecing is on
+        here, and with ``auto`` the engine's budget loop judged chat beside batch
+        prefill over its aim (at ``missed_at``) within the last :attr:`need_s`.
+
+        An engine that interleaves prefill with decode by itself keeps chat within
+        its aims, so ``auto`` never pieces there and batch pays nothing; one that
+        runs a long prefill to the end before a chat misses, and the prompts after
+        the miss are pieced. A read."""
+        if not self.enabled:
+            return False
+        if self.mode is PiecingMode.ON:
+            return True
+        return missed_at is not None and now - missed_at <= self.need_s
 
     def observe(self, new_tokens: int, seconds: float) -> None:
         """A piece of ``new_tokens`` took ``seconds`` from send to answer."""

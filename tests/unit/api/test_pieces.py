@@ -115,7 +115,7 @@ async def running(
             yield client, app.state.proxy
 
 
-def settings(engines: FakeEngines, piecing: str = "auto") -> Settings:
+def settings(engines: FakeEngines, piecing: str = "on") -> Settings:
     return engines.settings(engines=(engines.config("a", piecing=piecing, piece_tokens=512),))
 
 
@@ -263,6 +263,26 @@ async def test_what_is_not_pieced(piecing: str, caching: str, tokens: int, path:
         body = {"model": "m", "prompt": PROMPT, "max_tokens": 3}
         assert (await client.post(path, json=body)).status_code == 200
         assert engines.pieces() == [] and len(engines.whole()) == 1
+
+
+async def test_auto_pieces_only_after_chat_missed_its_aim_on_the_engine() -> None:
+    engines = CachingEngines()
+    async with running(settings(engines, "auto"), engines) as (client, state):
+        # prefix caching on, but chat never missed its aim here: sent whole
+        assert (await post(client)).status_code == 200
+        assert engines.pieces() == [] and len(engines.whole()) == 1
+        piecing = facts((await client.get("/turn")).json())
+        assert piecing["enabled"] is True and piecing["piecing_now"] is False
+        # the budget loop judges chat's gaps beside batch prefill over their aim
+        budget = state.scheduler.engines["a"].budget
+        now = state.clock.now()
+        for _ in range(budget.settings.min_samples):
+            budget.observe_gap(now, 1.0)
+        budget.update(now + budget.settings.interval_s, batch_waiting=False)
+        assert budget.missed_at is not None
+        assert facts((await client.get("/turn")).json())["piecing_now"] is True
+        assert (await post(client)).status_code == 200
+        assert engines.pieces()[:1] == [512] and len(engines.whole()) == 2
 
 
 async def test_a_client_gone_mid_piece_leaves_nothing_in_the_scheduler() -> None:

@@ -186,3 +186,17 @@ def test_a_failed_pinned_request_is_unpinned_for_another_engine() -> None:
     assert s.on_failed("long#4", retry=True)  # a's cache is lost with it
     assert final.pinned is None
     assert sent(s) == {"long#4": "b"}
+
+
+def test_auto_pieces_only_while_chat_missed_its_aim_recently() -> None:
+    auto = EnginePieces(mode=PiecingMode.AUTO, need_s=120.0)
+    on = EnginePieces(mode=PiecingMode.ON)
+    assert not auto.wanted(10.0, 5.0) and not on.wanted(10.0, None)  # not discovered
+    auto.discovered(True, 16)
+    on.discovered(True, 16)
+    assert on.wanted(10.0, None)  # on: always
+    assert not auto.wanted(10.0, None)  # chat never missed here
+    assert auto.wanted(10.0, 5.0) and auto.wanted(125.0, 5.0)
+    assert not auto.wanted(125.1, 5.0)  # the miss is older than need_s
+    auto.disable("the cache did not hold")
+    assert not auto.wanted(10.0, 5.0)
