@@ -38,9 +38,11 @@ def engine_of(response: httpx.Response) -> str:
     return response.headers["x-whoseturn-engine"]
 
 
-def batch_request(proxy: ProxyServer, n: int) -> httpx.Response:
+def batch_request(proxy: ProxyServer, n: int) -> tuple[httpx.Response, float]:
+    """A whole batch answer, and when it came (monotonic)."""
     body = {"model": MODEL, "prompt": f"summarise record {n}", "max_tokens": BATCH_TOKENS}
-    return proxy.http.post("/batch/v1/completions", json=body, timeout=20)
+    response = proxy.http.post("/batch/v1/completions", json=body, timeout=20)
+    return response, time.monotonic()
 
 
 @pytest.fixture
@@ -80,7 +82,7 @@ def test_killing_an_engine_mid_run(doomed: Process, survivor: SimServer) -> None
         assert 0 < len(on_a) < STREAMS, "the streams did not spread over both engines"
 
         # Batch work: one running on each engine (cap 1), the rest queued in the proxy.
-        batches: list[Future[httpx.Response]] = [
+        batches: list[Future[tuple[httpx.Response, float]]] = [
             pool.submit(batch_request, proxy, n) for n in range(BATCHES)
         ]
         proxy.wait_for(lambda: proxy.metric("whoseturn_queue_depth", **{"class": "batch"}) == 2)
@@ -102,12 +104,18 @@ def test_killing_an_engine_mid_run(doomed: Process, survivor: SimServer) -> None
                 for _ in range(10):
                     assert "error" not in json.loads(next(events))
 
-        # The whole answers, queued or cut off mid-read, finish on the survivor.
+        # The whole answers, queued or cut off mid-read, finish on the survivor (on a
+        # busy machine one may have finished on the doomed engine before the kill).
+        after_kill = 0
         for future in batches:
-            response = future.result(timeout=30)
+            response, answered_at = future.result(timeout=30)
             assert response.status_code == 200, response.text
-            assert engine_of(response) == "b"
             assert response.json()["usage"]["completion_tokens"] == BATCH_TOKENS
+            if answered_at > killed_at:
+                assert engine_of(response) == "b"
+                after_kill += 1
+        # at least the one cut off on the doomed engine and one queued at the kill
+        assert after_kill >= 2
 
         proxy.wait_for(lambda: proxy.metric("whoseturn_engine_up", engine="a") == 0, timeout=1)
         assert proxy.metric("whoseturn_engine_up", engine="b") == 1

@@ -220,7 +220,7 @@ def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path)
     store = str(tmp_path / "batch.db")
     with (
         spawn_sim("--enable-prompt-tokens-details", time_scale=20.0) as sim,
-        proxy(tmp_path, sim.base_url, "auto", batch_store_path=store) as px,
+        proxy(tmp_path, sim.base_url, "on", batch_store_path=store) as px,
     ):
         upload = "".join(json.dumps(line) + "\n" for line in lines).encode()
         files = {"file": ("in.jsonl", upload)}
