@@ -72,12 +72,16 @@ def send_times(workload: Workload, cls: TrafficClass) -> list[float]:
     )
 
 
-def body(workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
-    """Request ``i`` of ``cls``: its prompt source's messages (:func:`messages`), the
-    first starting with a header of its own so no two requests share a prefix."""
+def body(workload: Workload, cls: TrafficClass, i: int, run: int = 0) -> dict[str, Any]:
+    """Request ``i`` of ``cls`` in run ``run`` of an arm: its prompt source's messages
+    (:func:`messages`), the first starting with a header of its own so no two
+    requests share a prefix, not even the same request of an earlier run (an engine
+    that caches prefixes, vLLM's default, would otherwise answer a warm run's
+    prompts from its cache). Every arm's run ``run`` sends the same requests."""
     chat = messages(cls.prompt_source, i, _start(workload, cls, i), cls.prompt_chars)
     passage = SETS[cls.prompt_source][0] in ("topics", "documents")
-    header = f"{cls.name} {i}: what does this say?" if passage else f"{cls.name} {i}."
+    name = f"{cls.name} {i}" if run == 0 else f"{cls.name} {i} (run {run})"
+    header = f"{name}: what does this say?" if passage else f"{name}."
     chat[0] = {**chat[0], "content": f"{header}\n\n{chat[0]['content']}"}
     out: dict[str, Any] = {
         "model": workload.model,
@@ -140,10 +144,12 @@ class ArmRun:
     jobs: dict[str, list[Job]] = field(default_factory=dict)
     priority: dict[str, int] = field(default_factory=dict)  # class: the arm's request priority
     ended_at: float | None = None  # when its last request ended (after the drain)
+    number: int = 0  # the run's place in the arm's plan (0: the first)
 
     def body(self, workload: Workload, cls: TrafficClass, i: int) -> dict[str, Any]:
-        """:func:`body`, with the arm's priority for the class if it sets one."""
-        out = body(workload, cls, i)
+        """:func:`body` in this run, with the arm's priority for the class if it sets
+        one."""
+        out = body(workload, cls, i, self.number)
         if cls.name in self.priority:
             out["priority"] = self.priority[cls.name]
         return out
@@ -156,13 +162,15 @@ class ArmRun:
         return self.started_at + plan.warmup_s, self.started_at + plan.duration_s
 
 
-def new_run(workload: Workload, priority: dict[str, int] | None = None) -> ArmRun:
-    """An empty run that starts now; ``priority``: the arm's request priorities."""
+def new_run(workload: Workload, priority: dict[str, int] | None = None, number: int = 0) -> ArmRun:
+    """An empty run that starts now; ``priority``: the arm's request priorities;
+    ``number``: the run's place in the arm's plan."""
     return ArmRun(
         time.monotonic(),
         {cls.name: [] for cls in workload.classes},
         {cls.name: [] for cls in workload.classes if cls.route == "batch-api"},
         dict(priority or {}),
+        number=number,
     )
 
 
@@ -219,7 +227,8 @@ async def _jobs(
     async def one(i: int) -> None:
         job = Job(f"{cls.name}-{i}", cls.name, cls.job_lines, time.monotonic())
         run.jobs[cls.name].append(job)
-        await run_job(http, base, workload, cls, i, job, end, run.priority.get(cls.name))
+        priority = run.priority.get(cls.name)
+        await run_job(http, base, workload, cls, i, job, end, priority, run.number)
 
     if cls.arrival.process == "closed":
 
@@ -238,9 +247,11 @@ async def _jobs(
     await asyncio.gather(*tasks)
 
 
-def job_file(workload: Workload, cls: TrafficClass, i: int, priority: int | None = None) -> bytes:
+def job_file(
+    workload: Workload, cls: TrafficClass, i: int, priority: int | None = None, run: int = 0
+) -> bytes:
     """Job ``i``'s input file: ``job_lines`` requests, each made as :func:`body` makes
-    request ``i * job_lines + k`` of the class."""
+    request ``i * job_lines + k`` of the class in run ``run``."""
     lines = []
     for k in range(cls.job_lines):
         n = i * cls.job_lines + k
@@ -249,7 +260,7 @@ def job_file(workload: Workload, cls: TrafficClass, i: int, priority: int | None
                 "custom_id": f"{cls.name}-{n}",
                 "method": "POST",
                 "url": f"/v1{PATHS[cls.api]}",
-                "body": body(workload, cls, n)
+                "body": body(workload, cls, n, run)
                 | ({} if priority is None else {"priority": priority}),
             }
         )
@@ -313,11 +324,12 @@ async def run_job(
     job: Job,
     end: float,
     priority: int | None = None,
+    run: int = 0,
 ) -> Job:
     """Upload job ``i``'s file, create the batch, look at it every ``poll_s`` until it
     ends (cancelling it at ``end``), then count its output; ``job``."""
     try:
-        files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i, priority))}
+        files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i, priority, run))}
         uploaded = await http.post(f"{base}/v1/files", files=files, data={"purpose": "batch"})
         uploaded.raise_for_status()
         created = await http.post(

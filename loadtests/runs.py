@@ -46,6 +46,8 @@ SAMPLE_INTERVAL_S = 0.5
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from loadtests.client import Record
+
 
 @dataclass
 class ArmResult:
@@ -172,8 +174,8 @@ async def _runs(
         ):
             result.servers, result.watch_started_at = list(servers), watch_start
             labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
-            for label in labels:
-                run = new_run(workload, priority)
+            for number, label in enumerate(labels):
+                run = new_run(workload, priority, number)
                 async with _progress(console, f"{arm} ({label})", run, result.turns):
                     await run_arm(workload, route, http, run, batch_api=proxy)
                 if label == "cold":
@@ -236,11 +238,12 @@ def finish(
     names = list(arms)
     answers = None
     if len(names) == 2:
-        first, second = (
-            [rec for _, run in arms[a].all_runs() for rs in run.records.values() for rec in rs]
-            for a in names
-        )
-        answers = answer_mismatches(first, second)
+        # run by run: a run's prompts are its own (loadtests.harness.body)
+        compared = differing = 0
+        for (_, a), (_, b) in zip(*(arms[n].all_runs() for n in names), strict=False):
+            c, d = answer_mismatches(_all_records(a), _all_records(b))
+            compared, differing = compared + c, differing + d
+        answers = (compared, differing)
     by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
     stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
     engines = {
@@ -436,3 +439,7 @@ def _lines(label: str, elapsed: float, run: ArmRun) -> str:
             f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far {ms(pct(ttft, 0.95))}"
         )
     return "\n".join(lines)
+
+
+def _all_records(run: ArmRun) -> list[Record]:
+    return [rec for records in run.records.values() for rec in records]

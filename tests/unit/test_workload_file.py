@@ -133,6 +133,12 @@ def test_routes_and_bodies() -> None:
     assert body(w, chat, 3)["messages"][0]["content"].startswith("chat 3:")
     assert body(w, batch, 3)["prompt"] != body(w, batch, 4)["prompt"]
     assert body(w, batch, 3)["temperature"] == 0
+    # a later run of the arm sends the same passage under a header of its own, so an
+    # engine that caches prefixes cannot answer it from the earlier run's blocks
+    first, again = body(w, batch, 3)["prompt"], body(w, batch, 3, run=1)["prompt"]
+    assert again.startswith("batch 3 (run 1)") and not first.startswith("batch 3 (run")
+    assert first.split("\n\n", 1)[1] == again.split("\n\n", 1)[1]
+    assert body(w, batch, 3, run=1) == body(w, batch, 3, run=1)
 
 
 def test_loadtest_refuses_a_bad_file_naming_the_key(
