@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import processes
+from loadtests.engine_io import samples
 from loadtests.markdown import markdown_table
 
 MODEL = "tiny"
@@ -72,16 +72,6 @@ async def load(
     return took, seconds
 
 
-def counter(metrics: str, name: str) -> float:
-    """The sum of counter ``name`` over its series in a ``/metrics`` text."""
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(metrics)
-        for s in family.samples
-        if s.name == name
-    )
-
-
 def run(folder: Path, n: int, mode: str, args: argparse.Namespace) -> list[str]:
     """One run with ``batch_abort: mode``: its row of the table."""
     sim_port, port = processes.free_port(), processes.free_port()
@@ -100,7 +90,7 @@ def run(folder: Path, n: int, mode: str, args: argparse.Namespace) -> list[str]:
         took, seconds = asyncio.run(load(url, args.prompts, args.words, args.chat_every))
         metrics = httpx.get(url + "/metrics", timeout=10).text
     p95 = statistics.quantiles(took, n=20)[18] if len(took) >= 2 else took[0]
-    aborts = counter(metrics, "whoseturn_batch_aborts_total")
+    aborts = samples(metrics).get("whoseturn_batch_aborts_total", 0.0)
     return [
         mode, str(len(took)), f"{statistics.median(took) * 1000:,.0f} ms",
         f"{p95 * 1000:,.0f} ms", f"{max(took) * 1000:,.0f} ms", f"{seconds:.2f} s",

@@ -20,6 +20,7 @@ import anyio
 import httpx
 
 from loadtests import processes
+from loadtests.engine_io import samples
 
 MODEL = "tiny"
 
@@ -65,11 +66,7 @@ def arm(folder: Path, piecing: str, args: argparse.Namespace) -> tuple[float, fl
         processes.wait_until_ok(url + "/readyz", process=proxy, timeout_s=30)
         seconds = anyio.run(run_records, url, args.records, args.tokens, args.concurrency)
         metrics = httpx.get(url + "/metrics", timeout=10).text
-    pieces = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("whoseturn_prefill_pieces_total{")
-    )
+    pieces = samples(metrics).get("whoseturn_prefill_pieces_total", 0.0)
     return args.records * 3600 / seconds, pieces
 
 

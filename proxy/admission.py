@@ -243,8 +243,7 @@ class Admission:
 
     def abortable(self, job_id: str) -> bool:
         """Whether ``job_id`` may yet be aborted in prefill for a chat."""
-        job, limit = self._scheduler.jobs.get(job_id), self._scheduler.settings.abort_limit
-        return job is not None and job.abortable and job.aborts < limit
+        return self._scheduler.abortable(job_id)
 
     def knows(self, job_id: str) -> bool:
         """Whether a job of that id is queued, in flight or waiting for its turn."""

@@ -210,11 +210,15 @@ class Piecer:
     def report(self) -> dict[str, dict[str, object]]:
         """Each engine's piecing facts, for ``/turn``; ``piecing_now``: whether a
         long batch prompt arriving now would be pieced there."""
-        now, missed = self.clock.now(), self.admission.chat_missed_at
+        now = self.clock.now()
         return {
-            name: {**facts.report(), "piecing_now": facts.wanted(now, missed(name))}
+            name: {**facts.report(), "piecing_now": self._wanted(name, now)}
             for name, facts in self.board.items()
         }
+
+    def _wanted(self, name: str, now: float) -> bool:
+        """Whether engine ``name`` pieces a long prompt arriving at ``now``."""
+        return self.board[name].wanted(now, self.admission.chat_missed_at(name))
 
     # -- the request path ------------------------------------------------------
 
@@ -230,8 +234,7 @@ class Piecer:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
         now = self.clock.now()
-        missed = self.admission.chat_missed_at
-        if not all(self.board[name].wanted(now, missed(name)) for name in up):
+        if not all(self._wanted(name, now) for name in up):
             return None
         facts = self.board[up[0]]
         if ticket.count.tokens <= facts.piece_tokens:

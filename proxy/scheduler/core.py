@@ -416,6 +416,12 @@ class Scheduler:
         self._end(now)
         return True
 
+    def abortable(self, job_id: str) -> bool:
+        """Whether ``job_id`` may yet be aborted in prefill for a chat
+        (:func:`~proxy.scheduler.aborts.may_abort`). A read."""
+        job = self.jobs.get(job_id)
+        return job is not None and may_abort(job, self.settings.abort_limit)
+
     def on_answering(self, job_id: str) -> None:
         """The engine began to answer ``job_id`` (a byte may reach its client): it is
         never aborted from now on."""
