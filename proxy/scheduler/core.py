@@ -133,6 +133,10 @@ class Scheduler:
         self._budget_due = -math.inf  # no budget loop is due before this time
         # abortable batch jobs sent, in order (some may have left prefill since)
         self._abortable: dict[str, None] = {}
+        # per model, the reason every queued chat of it was last held for together,
+        # and the chats queued since (not yet held for it): see _hold_chats
+        self._chats_held_for: dict[str, HeldReason] = {}
+        self._chats_fresh: dict[str, dict[str, Job]] = {}
 
     # -- intake ----------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class Scheduler:
         ):
             self._mark_model(job.model)
         queue.append(job)
+        self._queued_chat(job)
         self._end(now)
 
     def cancel(self, job_id: str) -> Job | None:
@@ -211,6 +216,17 @@ class Scheduler:
         ):
             self._mark_model(job.model, job)
         queue.remove(job)
+        if job.cls is TrafficClass.INTERACTIVE:
+            self._chats_fresh.get(job.model, {}).pop(job.id, None)
+
+    def _requeue(self, job: Job) -> None:
+        """Put ``job`` back at the head of its class's queue."""
+        self.queues[job.cls].appendleft(job)
+        self._queued_chat(job)
+
+    def _queued_chat(self, job: Job) -> None:
+        if job.cls is TrafficClass.INTERACTIVE:
+            self._chats_fresh.setdefault(job.model, {})[job.id] = job
 
     def _mark_model(self, model: str, job: Job | None = None) -> None:
         """Mark the engines serving ``model`` (those ``job`` may go to)."""
@@ -244,6 +260,65 @@ class Scheduler:
         return [e for e in engines if e.name not in job.excluded]
 
     def _dispatch_interactive(self, now: float) -> list[Dispatch]:
+        """Chats in arrival order, each to the engine with the least predicted wait
+        among those of its model that take a chat now; the others are held.
+
+        Where every queued chat may go to any engine of its model (none has failed
+        somewhere), the chats of one model have the same candidates: the pass reads
+        each model's line from its head, and once no engine of a model takes a
+        chat, every chat left in its line is held for the same reason
+        (:meth:`_hold_chats`, which touches only the chats queued since the line was
+        last held for that reason). So a decision at the cap costs the chats
+        dispatched and the chats newly queued, not every chat waiting. A chat that
+        must skip some engine is judged on its own candidates (:meth:`_each_chat`)."""
+        queue = self.queues[TrafficClass.INTERACTIVE]
+        if not len(queue):
+            return []
+        models = queue.models()
+        if not all(queue.all_eligible(m) for m in models):
+            self._chats_held_for.clear()  # held one by one: judged whole next time
+            return self._each_chat(now)
+        out: list[Dispatch] = []
+        live = dict.fromkeys(models)
+        takes = self._takes
+        while live:
+            job = min(
+                (j for m in live if (j := queue.first_of_model(m)) is not None), key=queue.seq
+            )
+            model = job.model
+            engines = self._by_model.get(model, [])
+            if self._names_by_model.get(model, frozenset()) <= takes:
+                ready = engines
+            else:
+                ready = [e for e in engines if e.name in takes]
+            if ready:
+                preferred = self.affinity.get(job.affinity)
+                engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
+                out.append(self._send(now, job, engine))
+                if queue.first_of_model(model) is None:
+                    del live[model]
+                continue
+            self._hold_chats(now, model, engines)
+            del live[model]
+        return out
+
+    def _hold_chats(self, now: float, model: str, engines: list[EngineState]) -> None:
+        """No engine of ``model`` takes a chat: hold every chat queued for it, for
+        the reason the pass gives one (any engine of it up: the cap; none: the
+        engines are unhealthy). Chats held for that reason already are skipped."""
+        up = any(e.up for e in engines)
+        reason = HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
+        fresh = self._chats_fresh.pop(model, {})
+        if self._chats_held_for.get(model) is reason:
+            jobs: Iterable[Job] = fresh.values()
+        else:
+            jobs = list(self.queues[TrafficClass.INTERACTIVE].of_model(model))
+            self._chats_held_for[model] = reason
+        for job in jobs:
+            self._hold(now, job, engines, reason)
+
+    def _each_chat(self, now: float) -> list[Dispatch]:
+        """The interactive pass chat by chat, each on its own candidates."""
         out: list[Dispatch] = []
         for job in list(self.queues[TrafficClass.INTERACTIVE]):
             names = self._names_by_model.get(job.model, frozenset())
@@ -410,7 +485,7 @@ class Scheduler:
             job.pinned = engine.name
             job.excluded |= self._names_by_model.get(job.model, frozenset()) - {engine.name}
         job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
-        self.queues[job.cls].appendleft(job)
+        self._requeue(job)
         self._mark_model(job.model, job)
         self._log(now, engine.name, job, False, None, abort)
         self._end(now)
@@ -476,7 +551,7 @@ class Scheduler:
         if requeued:
             job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
             job.attempts += 1
-            self.queues[job.cls].appendleft(job)
+            self._requeue(job)
             if job.cls is TrafficClass.BATCH:
                 self._mark_model(job.model, job)
         else:
@@ -568,7 +643,7 @@ class Scheduler:
         engine.others = others
         self._mark(engine.name)
         job.phase, job.engine, job.dispatched_at = Phase.QUEUED, None, None
-        self.queues[job.cls].appendleft(job)
+        self._requeue(job)
         self._mark_model(job.model, job)
         self._end(now)
         return True

@@ -22,23 +22,28 @@ from proxy.scheduler.types import Job
 class _Line:
     """Jobs in order: ``front`` (pushed left, newest first) then ``back``."""
 
-    __slots__ = ("back", "excluding", "front")
+    __slots__ = ("back", "excluding", "front", "pinned")
 
     def __init__(self) -> None:
         self.front: dict[str, Job] = {}
         self.back: dict[str, Job] = {}
         self.excluding = 0  # jobs here that some engine may not take (job.excluded)
+        self.pinned = 0  # jobs here pinned to one engine (job.pinned)
 
     def push(self, job: Job, left: bool) -> None:
         (self.front if left else self.back)[job.id] = job
         if job.excluded:
             self.excluding += 1
+        if job.pinned is not None:
+            self.pinned += 1
 
     def pop(self, job: Job) -> None:
         if self.back.pop(job.id, None) is None:
             del self.front[job.id]
         if job.excluded:
             self.excluding -= 1
+        if job.pinned is not None:
+            self.pinned -= 1
 
     def first(self) -> Job | None:
         if self.front:
@@ -157,3 +162,22 @@ class JobQueue:
             return first
         jobs = list(self._all)
         return jobs[index]
+
+    def count_for(self, name: str, models: Iterable[str]) -> int:
+        """How many queued jobs of ``models`` engine ``name`` may take (neither
+        excluding it nor pinned elsewhere): a line's length where none of its jobs
+        excludes an engine or is pinned, a walk of the line otherwise."""
+        total = 0
+        for model in models:
+            line = self._models.get(model)
+            if line is None:
+                continue
+            if line.excluding == 0 and line.pinned == 0:
+                total += len(line)
+            else:
+                total += sum(
+                    1
+                    for j in line
+                    if name not in j.excluded and (j.pinned is None or j.pinned == name)
+                )
+        return total

@@ -38,7 +38,11 @@ REASON_WORDS = {
 
 
 def _queued(scheduler: Scheduler, engine: EngineState, cls: TrafficClass) -> int:
-    return sum(1 for j in scheduler.queues[cls] if engine.eligible(j))
+    """The ``cls`` jobs queued that ``engine`` may take (those it is eligible for),
+    counted per model line rather than by a walk of the queue."""
+    if engine.draining:
+        return 0
+    return scheduler.queues[cls].count_for(engine.name, engine.settings.models)
 
 
 def _signal(window: list[float], judged: float | None, target: float, aim: float) -> Json:

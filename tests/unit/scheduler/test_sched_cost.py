@@ -39,3 +39,29 @@ def test_decision_time_does_not_grow_with_the_batch_queue() -> None:
     small = min(_median_decision_s(100) for _ in range(2))
     large = min(_median_decision_s(20_000) for _ in range(2))
     assert large < 4 * small, (small, large)
+
+
+def _median_decision_at_cap_s(queued: int, engines: int = 16, repeats: int = 200) -> float:
+    """A chat submitted and a dispatch while every engine is at its cap, with
+    ``queued`` chats already waiting (held for the cap)."""
+    s, clock = make(*(engine(f"e{i}", max_inflight=2) for i in range(engines)))
+    for _ in range(engines * 2 + queued):
+        s.submit(job(I, 100, at=clock.now()))
+    s.dispatch()
+    assert len(s.queues[I]) == queued
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        s.submit(job(I, 100, at=clock.now()))
+        s.dispatch()
+        times.append(time.perf_counter() - start)
+    assert all(j.held is not None for j in s.queues[I])
+    return sorted(times)[len(times) // 2]
+
+
+def test_decision_time_at_the_cap_does_not_grow_with_the_chats_waiting() -> None:
+    """Every chat once went through the whole interactive queue on each decision:
+    10,000 chats waiting made a decision 100 times one with 100."""
+    small = min(_median_decision_at_cap_s(100) for _ in range(2))
+    large = min(_median_decision_at_cap_s(10_000) for _ in range(2))
+    assert large < 4 * small, (small, large)

@@ -367,7 +367,12 @@ def check_work_conserving(s: Scheduler) -> None:
     its cap or down, and batch waits on an engine only for a stated reason (or on a
     budget that grew after the round's decisions)."""
     for j in s.queues[I]:
-        assert all(not e.can_take_interactive() for e in candidates(s, j)), j
+        engines = candidates(s, j)
+        assert all(not e.can_take_interactive() for e in engines), j
+        # held for the reason its own candidates give, even where the pass held the
+        # chats of a model together and skipped those held already
+        up = any(e.up for e in engines)
+        assert j.held is (HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY), j
     for e in s.engines.values():
         h = e.budget.history
         grew_now = len(h) > 1 and h[-1][0] == s.clock.now() and h[-1][1] > h[-2][1]
