@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench test-e2e vllm-venv tiny-model compare test-docker crosscheck-vllm
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench router-venv test-e2e vllm-venv tiny-model compare test-docker crosscheck-vllm
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -22,7 +22,7 @@ help:
 	@echo "make check         lint, then test (what CI runs)"
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
-	@echo "make bench         what the proxy costs: direct, nginx and whoseturn side by side (a few min)"
+	@echo "make bench         what the proxy costs: direct, nginx, vllm-router and whoseturn side by side (a few min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
 
@@ -40,11 +40,23 @@ system-deps:
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(SYSTEM_DEPS); \
 	fi
 
-# The overhead benchmark (docs/overhead.md): Debian's nginx is its floor arm.
+# The overhead benchmark (docs/overhead.md): Debian's nginx is its floor arm, vLLM's
+# router (pinned in loadtests/router-requirements.txt) runs from its own venv.
 # LEVELS, PROMPT_CHARS: comma-separated concurrent streams and prompt sizes.
 LEVELS ?= 1,64,256,1024
 PROMPT_CHARS ?= 1000
-bench: $(STAMP)
+ROUTER_VENV  := .venv-router
+ROUTER_STAMP := $(ROUTER_VENV)/.installed
+
+$(ROUTER_STAMP): loadtests/router-requirements.txt
+	rm -rf $(ROUTER_VENV)
+	$(PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/pip install --quiet -r loadtests/router-requirements.txt
+	touch $@
+
+router-venv: $(ROUTER_STAMP)
+
+bench: $(STAMP) $(ROUTER_STAMP)
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx; }
 	$(BIN)/python -m loadtests.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
 

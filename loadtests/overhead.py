@@ -2,15 +2,17 @@
 
 Arms: ``direct`` (the upstream itself), ``nginx`` (Debian's package, a streaming
 reverse proxy with buffering off, one worker: the floor for any proxy),
-``whoseturn`` on its interactive route ``/v1`` and ``whoseturn-batch`` on its batch
-route ``/batch/v1``, all in front of the same upstream
+``vllm-router`` (vLLM's Rust router from its own venv, :mod:`loadtests.overhead_router`;
+skipped when that venv is not built), ``whoseturn`` on its interactive route ``/v1``
+and ``whoseturn-batch`` on its batch route ``/batch/v1``, all in front of the same upstream
 (:mod:`loadtests.overhead_upstream`). Each level's streams come from a load
 generator in its own process (:mod:`loadtests.overhead_load`). Per arm and level:
 TTFT and inter-token latency p50/p99 added to direct's, relayed tokens per CPU
 second of the proxy's processes, the proxy's RSS growth per open stream, errors.
 Then the scheduler alone (:mod:`loadtests.overhead_sched`).
 
-Run: ``python -m loadtests.overhead [--levels 1,64,256,1024] [--prompt-chars 1000]``.
+Run: ``python -m loadtests.overhead [--levels 1,64,256,1024] [--prompt-chars 1000,100000]
+[--arms direct,nginx,...]``.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtests.overhead_load import raise_open_files
+from loadtests.overhead_router import ROUTER_VENV, router_binary, vllm_router
 from loadtests.overhead_sched import sched_table
 from loadtests.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+ARMS = ("direct", "nginx", "vllm-router", "whoseturn", "whoseturn-batch")
 NGINX_CONF = """daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/error.log;
 events {{ worker_connections 8192; }}
 http {{
@@ -176,16 +180,30 @@ def upstream_server(tokens: int, interval_s: float) -> Iterator[int]:
         yield port
 
 
+def parse_arms(text: str) -> tuple[str, ...]:
+    """``--arms``: comma-separated names of :data:`ARMS`, in the order given (direct
+    is always run, as the others' reference). An unknown name is an error, so a typo
+    does not silently drop an arm."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in names if x not in ARMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown arm(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(ARMS)}"
+        )
+    return names
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to run: the levels (concurrent streams), prompt sizes, answer length,
-    the arms by name."""
+    the arms by name, and the venv the ``vllm-router`` arm runs from."""
 
     levels: tuple[int, ...] = (1, 64, 256, 1024)
     prompt_chars: tuple[int, ...] = (1000,)
     tokens: int = 256
     interval_s: float = 0.020
-    arms: tuple[str, ...] = ("direct", "nginx", "whoseturn", "whoseturn-batch")
+    arms: tuple[str, ...] = ARMS
+    router_venv: Path = ROUTER_VENV
 
 
 def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
@@ -197,7 +215,10 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
         arms = [Arm("direct", loopback_url(port) + "/v1", None)]
         if "nginx" in plan.arms:
             arms.append(stack.enter_context(nginx(port, root / "nginx")))
-        arms += stack.enter_context(whoseturn(port, root, max(plan.levels)))
+        if "vllm-router" in plan.arms:
+            arms += _router_arm(stack, plan, port, root / "vllm-router")
+        if {"whoseturn", "whoseturn-batch"} & set(plan.arms):
+            arms += stack.enter_context(whoseturn(port, root, max(plan.levels)))
         arms = [a for a in arms if a.name in plan.arms or a.name == "direct"]
         for chars in plan.prompt_chars:
             for level in plan.levels:
@@ -208,6 +229,21 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
                         f"  {arm.name} {chars} chars {level} streams done{error}", file=sys.stderr
                     )
     return rows
+
+
+def _router_arm(stack: ExitStack, plan: Plan, upstream: int, root: Path) -> list[Arm]:
+    """The ``vllm-router`` arm, started on ``stack``; none (and a message saying so)
+    when its venv is not built."""
+    binary = router_binary(plan.router_venv)
+    if binary is None:
+        print(
+            f"  vllm-router: skipped, {plan.router_venv}/bin/vllm-router not found "
+            "(`make bench` builds that venv)",
+            file=sys.stderr,
+        )
+        return []
+    url, pid = stack.enter_context(vllm_router(binary, upstream, root, max(plan.levels)))
+    return [Arm("vllm-router", url, pid)]
 
 
 def table(plan: Plan, rows: dict[tuple[str, int, int], dict[str, float]]) -> str:
@@ -253,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prompt-chars", default="1000", help="prompt sizes, comma-separated")
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--arms", default=",".join(Plan().arms))
+    parser.add_argument(
+        "--arms", type=parse_arms, default=ARMS, help=f"comma-separated, of {','.join(ARMS)}"
+    )
     parser.add_argument("--no-sched", action="store_true", help="skip the scheduler-alone table")
     args = parser.parse_args(argv)
     plan = Plan(
         levels=tuple(int(x) for x in args.levels.split(",")),
         prompt_chars=tuple(int(x) for x in args.prompt_chars.split(",")),
         tokens=args.tokens,
-        arms=tuple(args.arms.split(",")),
+        arms=args.arms,
     )
     raise_open_files()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
