@@ -2,7 +2,8 @@
 PostgreSQL, in front of a simulated engine: both workers answer on the one port,
 each a replica of its own in the ledger; SIGTERM drains both and the parent exits 0
 (each worker removed its rows, as a replica that stops cleanly does); a worker
-killed makes the parent stop the other and exit 1."""
+killed makes the parent stop the other and exit 1; workers whose parent is killed
+drain and exit."""
 
 from __future__ import annotations
 
@@ -105,3 +106,15 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_fails(
     assert f"(pid {victim}) exited with status -9; stopping the others" in log
     assert log.count("proxy.serve: draining") == 1, "the other worker was not drained"
     wait_for(lambda: not Path(f"/proc/{other}").exists(), timeout=5)
+
+
+def test_workers_drain_when_their_parent_is_killed(
+    sim: SimServer, postgres_db: str, tmp_path: Path
+) -> None:
+    with two_workers(sim, postgres_db, tmp_path) as (child, _):
+        pids = worker_pids(child.process.pid)
+        child.process.kill()
+        child.process.wait(10)
+        wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=30)
+        log = child.log.read_text()
+    assert log.count("proxy.serve: draining") == 2, "the workers were killed, not drained"
