@@ -4,7 +4,9 @@ Arms: ``direct`` (the upstream itself), ``nginx`` (Debian's package, a streaming
 reverse proxy with buffering off, one worker: the floor for any proxy),
 ``vllm-router`` (vLLM's Rust router from its own venv, :mod:`loadtests.overhead_router`;
 skipped when that venv is not built), ``whoseturn`` on its interactive route ``/v1``
-and ``whoseturn-batch`` on its batch route ``/batch/v1``, all in front of the same upstream
+and ``whoseturn-batch`` on its batch route ``/batch/v1``, ``whoseturn-2w`` (``serve
+--workers 2`` on ``/v1``, its ledger on a throwaway PostgreSQL; only when asked for
+by ``--arms``), all in front of the same upstream
 (:mod:`loadtests.overhead_upstream`). Each level's streams come from a load
 generator in its own process (:mod:`loadtests.overhead_load`). Per arm and level:
 TTFT and inter-token latency p50/p99 added to direct's, relayed tokens per CPU
@@ -39,6 +41,7 @@ from loadtests.processes import free_port, loopback_url, running, serve_command,
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 ARMS = ("direct", "nginx", "vllm-router", "whoseturn", "whoseturn-batch")
+OPTIONAL_ARMS = ("whoseturn-2w",)  # run only when named: it needs PostgreSQL
 NGINX_CONF = """daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/error.log;
 events {{ worker_connections 8192; }}
 http {{
@@ -159,6 +162,37 @@ def whoseturn(upstream: int, root: Path, max_streams: int) -> Iterator[list[Arm]
         _print_warnings(root / "whoseturn.log")
 
 
+@contextmanager
+def whoseturn_workers(upstream: int, root: Path, max_streams: int) -> Iterator[Arm]:
+    """``whoseturn-2w``: as :func:`whoseturn`, but ``--workers 2``, sharing the budget
+    through a ledger on a throwaway PostgreSQL (:mod:`loadtests.postgres`, durable);
+    its CPU and RSS are the parent's and its children's (the two workers and
+    multiprocessing's resource tracker; not PostgreSQL's)."""
+    import time
+
+    import httpx
+
+    from loadtests.postgres import fresh_database, postgres_cluster
+
+    port = free_port()
+    engine = {"name": "e0", "url": loopback_url(upstream), "max_inflight": max(256, max_streams)}
+    with postgres_cluster(durable=True) as cluster:
+        dsn = fresh_database(cluster.dsn(), prefix="overhead")
+        config = root / "whoseturn-2w.yaml"
+        command = serve_command(config, port=port, engines=[engine], ledger_dsn=dsn, workers=2)
+        log = (root / "whoseturn-2w.log").open("wb")
+        try:
+            with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=10) as p:
+                wait_until_ok(loopback_url(port) + "/readyz", process=p, what="whoseturn-2w")
+                seen: set[str] = set()
+                deadline = time.monotonic() + 60
+                while len(seen) < 2 and time.monotonic() < deadline:  # both workers answer
+                    seen.add(httpx.get(loopback_url(port) + "/turn", timeout=10).json()["replica"])
+                yield Arm("whoseturn-2w", loopback_url(port) + "/v1", p.pid)
+        finally:
+            _print_warnings(root / "whoseturn-2w.log")
+
+
 def _print_warnings(path: Path, limit: int = 10) -> None:
     """The proxy's warnings (an engine ejected, a stream broken) on stderr: why
     requests failed, when some did."""
@@ -181,14 +215,15 @@ def upstream_server(tokens: int, interval_s: float) -> Iterator[int]:
 
 
 def parse_arms(text: str) -> tuple[str, ...]:
-    """``--arms``: comma-separated names of :data:`ARMS`, in the order given (direct
-    is always run, as the others' reference). An unknown name is an error, so a typo
-    does not silently drop an arm."""
+    """``--arms``: comma-separated names of :data:`ARMS` and :data:`OPTIONAL_ARMS`, in
+    the order given (direct is always run, as the others' reference). An unknown name
+    is an error, so a typo does not silently drop an arm."""
     names = tuple(x.strip() for x in text.split(",") if x.strip())
-    unknown = [x for x in names if x not in ARMS]
+    known = ARMS + OPTIONAL_ARMS
+    unknown = [x for x in names if x not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown arm(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(ARMS)}"
+            f"unknown arm(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}"
         )
     return names
 
@@ -219,6 +254,8 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
             arms += _router_arm(stack, plan, port, root / "vllm-router")
         if {"whoseturn", "whoseturn-batch"} & set(plan.arms):
             arms += stack.enter_context(whoseturn(port, root, max(plan.levels)))
+        if "whoseturn-2w" in plan.arms:
+            arms.append(stack.enter_context(whoseturn_workers(port, root, max(plan.levels))))
         arms = [a for a in arms if a.name in plan.arms or a.name == "direct"]
         for chars in plan.prompt_chars:
             for level in plan.levels:
@@ -290,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-chars", default="1000", help="prompt sizes, comma-separated")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument(
-        "--arms", type=parse_arms, default=ARMS, help=f"comma-separated, of {','.join(ARMS)}"
+        "--arms",
+        type=parse_arms,
+        default=ARMS,
+        help=f"comma-separated, of {','.join(ARMS + OPTIONAL_ARMS)} (default: {','.join(ARMS)})",
     )
     parser.add_argument("--no-sched", action="store_true", help="skip the scheduler-alone table")
     args = parser.parse_args(argv)

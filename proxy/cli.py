@@ -40,6 +40,7 @@ ENV_VARS = (
     "WHOSETURN_DNS_INTERVAL_S",
     "WHOSETURN_LEDGER_DSN",
     "WHOSETURN_REPLICA_ID",
+    "WHOSETURN_WORKERS",
     "WHOSETURN_BATCH_STORE_PATH",
     "WHOSETURN_BATCH_MIN_SHARE",
     "WHOSETURN_HOLD_TIMEOUT_S",
@@ -159,16 +160,20 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         metavar="SECONDS",
         help="interactive inter-token gap target (default: 0.1)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes on one port, each a replica sharing the budget through "
+        "ledger_dsn, which N > 1 needs (default: 1)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``whoseturn ARGV...``; the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # httpx logs every upstream call at info; keep those for debugging only.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    configure_logging(args.log_level)
     if args.command in BENCH_COMMANDS:
         from loadtests.cli import main as bench_main
 
@@ -180,6 +185,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # ConfigError names the bad key
         print(f"whoseturn: error: {exc}", file=sys.stderr)
         return 2
+
+
+def configure_logging(level: str, tag: str = "") -> None:
+    """Log at ``level`` to stderr, each line with its time, level, logger and ``tag``
+    (a worker process's, :mod:`proxy.workers`)."""
+    where = f"{tag} %(name)s" if tag else "%(name)s"
+    logging.basicConfig(
+        level=level.upper(), format=f"%(asctime)s %(levelname)s {where}: %(message)s"
+    )
+    # httpx logs every upstream call at info; keep those for debugging only.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def serve(
@@ -205,6 +221,7 @@ def serve(
         "port": args.port,
         "ttft_target_s": args.ttft_target_s,
         "gap_target_s": args.gap_target_s,
+        "workers": args.workers,
     }
     settings = load_settings(str(file) if file else None, overrides, env=env, cwd=cwd)
     log_sources(file, env, engines_given=bool(args.engine), cwd=cwd)

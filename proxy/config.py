@@ -24,6 +24,7 @@ typo stops the proxy at start rather than at the first request. Example file::
     dns_interval_s: 5             # DNS groups of engines (dns+http://...) resolved again
     ledger_dsn: postgresql://...  # several replicas share each engine's budget
                                   # (docs/replicas.md); unset: this replica alone
+    workers: 1                    # processes on one port, each a replica (needs ledger_dsn)
     engines:
       - url: http://127.0.0.1:8000
         name: engine-a            # default: engine-0, engine-1, ...
@@ -43,7 +44,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
 ``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_DNS_INTERVAL_S``,
-``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_BATCH_STORE_PATH``,
+``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_WORKERS``,
+``WHOSETURN_BATCH_STORE_PATH``,
 ``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
 ``WHOSETURN_BATCH_ABORT``, ``WHOSETURN_BATCH_ABORT_MAX``.
 """
@@ -255,6 +257,8 @@ class Settings:
     ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
     ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
     replica_id: str = ""  # this replica's name in the ledger (default: host, pid, random)
+    # Worker processes on one listening address, each a replica (proxy.workers).
+    workers: int = 1
 
     # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
     # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
@@ -434,6 +438,7 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "must be positive and below ledger_lease_s",
     )
     _check(settings.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
+    _check_workers(settings)
     _check(
         settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
     )
@@ -443,6 +448,27 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
     _check_batch(settings)
     return settings
+
+
+def _check_workers(settings: Settings) -> None:
+    """Several worker processes need what several replicas need: the shared ledger
+    (each process has its own scheduler) and, with the Batch API, its shared store."""
+    n = settings.workers
+    _check(n >= 1, "workers", "must be at least 1")
+    _check(
+        n == 1 or bool(settings.ledger_dsn),
+        "workers",
+        f"{n} worker processes need ledger_dsn (WHOSETURN_LEDGER_DSN, docs/replicas.md): "
+        f"each process has its own scheduler and its own batch prefill budget per engine, "
+        f"so without a shared ledger {n} workers could put {n} x B batch tokens in prefill "
+        f"on one engine",
+    )
+    _check(
+        n == 1 or settings.batch_store != "sqlite" or not settings.batch_store_path,
+        "workers",
+        f"{n} worker processes cannot share the SQLite batch store (it is for one proxy "
+        f"process): use batch_store: postgres, or leave batch_store_path unset",
+    )
 
 
 def _check_batch(settings: Settings) -> None:
@@ -473,6 +499,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
     "WHOSETURN_LEDGER_DSN": ("ledger_dsn", str),
     "WHOSETURN_REPLICA_ID": ("replica_id", str),
+    "WHOSETURN_WORKERS": ("workers", int),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
     "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
     "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),

@@ -10,6 +10,9 @@ On SIGTERM (or SIGINT):
    which closes their upstream requests (the engines abort them), each logged
    with the reason;
 4. the process exits with status 0.
+
+With ``workers`` above 1 the process is a parent of that many workers, each one
+proxy that drains as above (:mod:`proxy.workers`).
 """
 
 from __future__ import annotations
@@ -69,8 +72,26 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+STARTUP_FAILURE = 3  # uvicorn's own exit status when the app did not start
+
+
 def serve(settings: Settings, log_level: str = "info") -> int:
-    """Run the proxy until SIGTERM or SIGINT, then drain; the exit status."""
+    """Run the proxy until SIGTERM or SIGINT, then drain; the exit status. With
+    ``settings.workers`` above 1, as that many worker processes
+    (:func:`proxy.workers.serve_workers`)."""
+    if settings.workers > 1:
+        from proxy.workers import serve_workers
+
+        return serve_workers(settings, log_level)
+    return run_server(settings, log_level)
+
+
+def run_server(
+    settings: Settings, log_level: str = "info", sockets: list[socket.socket] | None = None
+) -> int:
+    """Build the app (:func:`create_app`) and serve it on ``sockets`` (default: bind
+    ``settings.host``:``settings.port``) until SIGTERM or SIGINT, then drain; 0, or
+    :data:`STARTUP_FAILURE` if the app never started."""
     app: FastAPI = create_app(settings)
 
     def on_drain() -> None:
@@ -85,5 +106,6 @@ def serve(settings: Settings, log_level: str = "info") -> int:
         log_level=log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # whole seconds
     )
-    DrainingServer(config, on_drain).run()
-    return 0
+    server = DrainingServer(config, on_drain)
+    server.run(sockets=sockets)
+    return 0 if server.started else STARTUP_FAILURE

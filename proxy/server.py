@@ -79,6 +79,7 @@ class ProxyState:
     created: int = field(default_factory=lambda: int(time.time()))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     batch: BatchAPI | None = None
+    replica: str = ""  # this proxy's name in the ledger (and on /turn)
 
 
 async def _engines(settings: Settings, pool: EnginePool) -> list[EngineConfig]:
@@ -125,15 +126,23 @@ class Fleet:
         return True
 
 
+def default_replica_id() -> str:
+    """A replica's name when ``replica_id`` is unset: host name, pid, random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:6]}"
+
+
 def _shared_budget(
-    settings: Settings, admission: Admission, pool: EnginePool, ledger: Ledger | None
+    settings: Settings,
+    admission: Admission,
+    pool: EnginePool,
+    ledger: Ledger | None,
+    replica: str,
 ) -> SharedBudget | None:
     """The shared budget of several replicas: on ``ledger`` if given (tests), else on
     PostgreSQL at ``ledger_dsn``; None without either (one replica alone)."""
     if ledger is None and settings.ledger_dsn:
         from proxy.replicas.postgres import PostgresLedger  # psycopg loads only when used
 
-        replica = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:6]}"
         ledger = PostgresLedger(
             settings.ledger_dsn,
             replica,
@@ -189,14 +198,15 @@ async def build(
     counter = PromptCounter(pool, admission.engines_up_for)
     timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
     services = Services(admission, metrics, clock, counter, timeouts)
-    shared = _shared_budget(settings, admission, pool, ledger)
+    replica = settings.replica_id or default_replica_id()
+    shared = _shared_budget(settings, admission, pool, ledger, replica)
     forwarder = Forwarder(
         settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )
     admission.on_abort = forwarder.abort
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
-        discovery, shared,
+        discovery, shared, replica=replica,
     )  # fmt: skip
     await _discover_models(state)
     state.batch = await build_batch(

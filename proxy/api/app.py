@@ -61,7 +61,12 @@ def create_app(
     }
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, path_limits=uploads)
     _routes(app)
-    install_turn_routes(app, lambda request: _state(request).admission, _piece_facts)
+    install_turn_routes(
+        app,
+        lambda request: _state(request).admission,
+        _piece_facts,
+        lambda request: _state(request).replica,
+    )
     install_status_route(app)
     install_batch_routes(app, lambda request: _state(request).batch)
     return app

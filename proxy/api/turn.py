@@ -47,16 +47,20 @@ def _with_times(engine: dict[str, Any], wall: float) -> dict[str, Any]:
 
 
 def turn_body(
-    admission: Admission, pieces: dict[str, dict[str, object]] | None = None
+    admission: Admission,
+    pieces: dict[str, dict[str, object]] | None = None,
+    replica: str | None = None,
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
-    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`)."""
+    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`); with
+    ``replica``, the name of the proxy process that answers (with several workers or
+    replicas, each answers with its own view)."""
     wall = time.time()
     engines = [_with_times(e, wall) for e in admission.report()]
     for entry in engines:
         if pieces is not None and entry.get("engine") in pieces:
             entry["piecing"] = pieces[entry["engine"]]
-    return {"time": _iso(wall), "engines": engines}
+    return {"time": _iso(wall), "replica": replica, "engines": engines}
 
 
 def history_body(admission: Admission, seconds: int) -> dict[str, Any]:
@@ -153,13 +157,15 @@ def install_turn_routes(
     app: FastAPI,
     admission_of: Callable[[Request], Admission],
     pieces_of: Callable[[Request], dict[str, dict[str, object]] | None] = lambda _: None,
+    replica_of: Callable[[Request], str | None] = lambda _: None,
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
-    ``pieces_of(request)`` its engines' piecing facts, if it has any."""
+    ``pieces_of(request)`` its engines' piecing facts, if it has any;
+    ``replica_of(request)`` its replica name."""
 
     @app.get("/turn", response_model=None)
     async def turn(request: Request) -> Response:
-        body = turn_body(admission_of(request), pieces_of(request))
+        body = turn_body(admission_of(request), pieces_of(request), replica_of(request))
         if wants_text(request):
             return PlainTextResponse("\n".join(sentence(e) for e in body["engines"]) + "\n")
         return JSONResponse(body)

@@ -19,7 +19,14 @@ import yaml
 
 from loadtests import cli as bench
 from proxy import cli
-from proxy.config import DEFAULT_CONFIG_FILE, EngineConfig, Settings, load_settings
+from proxy.config import (
+    DEFAULT_CONFIG_FILE,
+    EngineConfig,
+    Settings,
+    load_settings,
+    settings_from_dict,
+)
+from proxy.workers import worker_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -322,3 +329,43 @@ def test_the_readme_and_make_sim_run_the_engine_the_examples_use() -> None:
     threshold = by_hand.scheduler.long_prefill_token_threshold
     assert f"--long-prefill-token-threshold {threshold}" in readme
     assert f"{threshold} for the tiny" in readme
+
+
+# --- serve --workers --------------------------------------------------------------------
+
+
+def test_serve_workers_without_a_ledger_stops_at_start_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WHOSETURN_LEDGER_DSN", raising=False)
+    assert cli.main(["serve", "--engine", "http://e:1", "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "workers: 2 worker processes need ledger_dsn" in err
+    assert "2 x B batch tokens in prefill on one engine" in err
+
+
+def test_serve_workers_flag_reaches_the_settings(tmp_path: Path) -> None:
+    seen: list[Settings] = []
+
+    def run(settings: Settings, log_level: str) -> int:
+        seen.append(settings)
+        return 0
+
+    env = {"WHOSETURN_LEDGER_DSN": "postgresql://l@127.0.0.1/w", "WHOSETURN_WORKERS": "3"}
+    cli.serve(serve_args("--engine", "http://e:1"), env=env, cwd=tmp_path, run=run)
+    cli.serve(
+        serve_args("--engine", "http://e:1", "--workers", "2"), env=env, cwd=tmp_path, run=run
+    )
+    assert [s.workers for s in seen] == [3, 2]
+
+
+def test_each_worker_is_a_replica_of_its_own() -> None:
+    base = {"engines": ["http://e:1"], "workers": 3, "ledger_dsn": "postgresql://l@h/w"}
+    assert worker_ids(settings_from_dict(base), "host-1-ab") == [
+        "host-1-ab-w0",
+        "host-1-ab-w1",
+        "host-1-ab-w2",
+    ]
+    named = settings_from_dict({**base, "replica_id": "edge"})
+    assert worker_ids(named, "host-1-ab") == ["edge-w0", "edge-w1", "edge-w2"]

@@ -337,3 +337,38 @@ def test_dns_engine_groups_and_their_interval() -> None:
         settings_from_dict({"engines": ["dns+ftp://x:1"]})
     with pytest.raises(ConfigError, match="dns_interval_s: must be positive"):
         settings_from_dict({"engines": ["http://b:1"], "dns_interval_s": 0})
+
+
+# -- worker processes -------------------------------------------------------------------
+
+DSN = "postgresql://ledger@127.0.0.1/whoseturn"
+
+
+def test_workers_default_to_one_and_read_the_env(tmp_path: Path) -> None:
+    assert settings_from_dict({"engines": [URL]}).workers == 1
+    env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_WORKERS": "3", "WHOSETURN_LEDGER_DSN": DSN}
+    assert load(tmp_path, env).workers == 3
+
+
+def test_several_workers_without_the_ledger_are_refused_and_told_why() -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"engines": [URL], "workers": 2})
+    assert caught.value.where == "workers"
+    assert "2 worker processes need ledger_dsn" in caught.value.why
+    assert "own batch prefill budget" in caught.value.why
+    assert "2 x B batch tokens in prefill on one engine" in caught.value.why
+    assert settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN}).workers == 2
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_workers_must_be_at_least_one(value: int) -> None:
+    with pytest.raises(ConfigError, match="workers: must be at least 1"):
+        settings_from_dict({"engines": [URL], "workers": value, "ledger_dsn": DSN})
+
+
+def test_several_workers_cannot_share_the_sqlite_batch_store() -> None:
+    data = {"engines": [URL], "workers": 2, "ledger_dsn": DSN, "batch_store_path": "/tmp/b.db"}
+    with pytest.raises(ConfigError, match="cannot share the SQLite batch store"):
+        settings_from_dict(data)
+    data.update(batch_store="postgres", batch_dsn=DSN)
+    assert settings_from_dict(data).workers == 2

@@ -1,0 +1,171 @@
+"""``whoseturn serve --workers N``: N proxy processes behind one listening address.
+
+One Python process relays on one core (docs/overhead.md, "Several cores"). With
+``workers`` above 1 the process started is a parent that serves nothing itself:
+
+- It binds the listening socket once, then starts N worker processes
+  (multiprocessing's ``spawn``: fresh interpreters, none of the parent's threads
+  or state) and hands each the socket. Each worker builds its own app
+  (:func:`proxy.serve.run_server`, which calls ``create_app``) after it starts and
+  accepts on that one socket: the kernel gives each new connection to one worker.
+  This is what uvicorn's own ``--workers`` does. Why not ``SO_REUSEPORT`` (every
+  worker binding the port itself): the address is bound once, so a port in use
+  stops the start before any worker runs, and no other process of the same user
+  can bind the port too and take a share of the connections (``SO_REUSEPORT``
+  lets it); and there is one accept queue, so a connection the kernel queued is
+  never lost with one worker's socket (with ``SO_REUSEPORT`` each socket has its
+  own queue, whose waiting connections are reset when that worker stops). The
+  cost: connections are not spread evenly (whichever worker accepts first takes
+  the connection). The parent closes its own copy of the socket once the workers
+  have theirs, so after every worker has closed it in its drain new connections are
+  refused.
+- Each worker is a replica (docs/replicas.md) named ``ID-wI``, ``ID`` being
+  ``replica_id`` or the default name (host, parent pid, a random suffix), ``I`` 0 to
+  N - 1: the workers share each engine's batch prefill budget through the ledger,
+  which is why ``workers`` above 1 needs ``ledger_dsn`` (:mod:`proxy.config`).
+- SIGTERM or SIGINT to the parent: it sends SIGTERM to every worker, each drains
+  as one proxy does (:mod:`proxy.serve`), and the parent exits 0 once all have
+  exited 0.
+- A worker that exits before the parent was told to stop is logged, the others are
+  drained, and the parent exits 1. Workers are not restarted: the simpler correct
+  behaviour, and what lets the supervisor (systemd, Kubernetes) see a crash
+  instead of a loop of them hidden inside one process; the server then restarts
+  as a whole. A worker whose parent dies (``SIGKILL``) is sent SIGTERM by the
+  kernel (``PR_SET_PDEATHSIG``), so no orphan keeps the port.
+- ``/metrics``, ``/turn`` and ``/status`` answer from the worker that took the
+  connection: each worker has its own registry and scheduler (docs/overhead.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+from dataclasses import replace
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from proxy.config import Settings
+
+logger = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def worker_ids(settings: Settings, base: str) -> list[str]:
+    """The replica id of each worker: ``replica_id`` (else ``base``) and ``-wI``."""
+    name = settings.replica_id or base
+    return [f"{name}-w{i}" for i in range(settings.workers)]
+
+
+def bind(settings: Settings) -> socket.socket:
+    """The listening socket on ``host``:``port``, as uvicorn binds it."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)  # uvicorn's default backlog
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_workers(settings: Settings, log_level: str = "info") -> int:
+    """Run ``settings.workers`` workers on one listening socket until SIGTERM or
+    SIGINT, or until one exits; the exit status (0: all drained and exited 0)."""
+    from proxy.server import default_replica_id
+
+    try:
+        sock = bind(settings)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
+        return 1
+    context = multiprocessing.get_context("spawn")
+    workers: list[BaseProcess] = []
+    with sock:
+        for i, replica in enumerate(worker_ids(settings, default_replica_id())):
+            mine = replace(settings, replica_id=replica, workers=1)
+            process = context.Process(
+                target=run_worker,
+                args=(mine, log_level, sock, os.getpid(), i),
+                name=f"whoseturn-w{i}",
+            )
+            process.start()
+            logger.info("worker %d: pid %s, replica %s", i, process.pid, replica)
+            workers.append(process)
+    return _supervise(workers)
+
+
+def _supervise(workers: list[BaseProcess]) -> int:
+    """Wait for a signal or a worker's exit; then stop every worker and wait for
+    them all. 0 only if the parent was told to stop and every worker exited 0."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    told: list[int] = []
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        told.append(sig)
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_w, b"\0")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        by_sentinel = {w.sentinel: w for w in workers}
+        ready = wait([wake_r, *by_sentinel])
+        early = [by_sentinel[s] for s in ready if s in by_sentinel]
+        for worker in early:
+            worker.join()
+            logger.error(
+                "worker %s (pid %s) exited with status %s; stopping the others",
+                worker.name,
+                worker.pid,
+                worker.exitcode,
+            )
+        if told:
+            logger.warning("%s: draining %d workers", signal.Signals(told[0]).name, len(workers))
+        for worker in workers:
+            if worker.exitcode is None and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            worker.join()
+        failed = [w for w in workers if w.exitcode != 0]
+        for worker in failed:
+            if worker not in early:
+                logger.error("worker %s exited with status %s", worker.name, worker.exitcode)
+        return 0 if told and not early and not failed else 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def run_worker(
+    settings: Settings, log_level: str, sock: socket.socket, parent: int, index: int
+) -> None:
+    """One worker: the proxy on the parent's ``sock`` (a process's target)."""
+    _die_with(parent)
+    from proxy.cli import configure_logging
+    from proxy.serve import run_server
+
+    configure_logging(log_level, tag=f"w{index}")
+    sys.exit(run_server(settings, log_level, sockets=[sock]))
+
+
+def _die_with(parent: int) -> None:
+    """SIGTERM this process (a drain) when ``parent`` dies; Linux only, else nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the prctl
+        os.kill(os.getpid(), signal.SIGTERM)
