@@ -35,7 +35,7 @@ from pathlib import Path
 
 from loadtests.overhead_load import raise_open_files
 from loadtests.overhead_router import ROUTER_VENV, router_binary, vllm_router
-from loadtests.overhead_sched import sched_table
+from loadtests.overhead_sched import cap_table, sched_table
 from loadtests.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sched:
         print()
         print(sched_table())
+        print()
+        print(cap_table())
     return 0
 
 

@@ -9,6 +9,11 @@ them, with ``time.thread_time``: on a shared machine the wall time's tail is the
 other processes preempting this one, the CPU time's is not), then the job finishes. Python's
 garbage collector runs as it would in the proxy (a collection that lands in a timed
 decision counts: it is part of what a decision costs).
+
+At the cap (:func:`cap_table`): every engine (``max_inflight`` 4) is full of chats
+and ``waiting`` more chats are queued, held for the cap; each repeat submits one
+more chat and calls ``dispatch()``, timed the same way. This is the proxy under
+more chat than its engines take, where each event once walked every waiting chat.
 """
 
 from __future__ import annotations
@@ -85,5 +90,57 @@ def sched_table(sizes: tuple[tuple[int, int], ...] = SIZES) -> str:
     return "\n".join(lines)
 
 
+CAP_SIZES = ((4, 1000), (64, 1000), (64, 10000))
+
+
+def cap_times(engines: int, waiting: int, repeats: int = 1000) -> tuple[list[float], list[float]]:
+    """Seconds per chat submit + dispatch with every engine at its cap and
+    ``waiting`` chats queued, sorted; and the CPU seconds of each, sorted."""
+    clock = VirtualClock()
+    configs = [
+        EngineConfig(name=f"e{i}", models=frozenset({"m"}), max_inflight=4) for i in range(engines)
+    ]
+    scheduler = Scheduler(configs, clock)
+    for i in range(engines * 4 + waiting):
+        scheduler.submit(
+            Job(id=f"c{i}", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=100,
+                arrival=clock.now())
+        )  # fmt: skip
+    scheduler.dispatch()
+    times, cpu = [], []
+    for i in range(repeats):
+        job = Job(
+            id=f"x{i}", cls=TrafficClass.INTERACTIVE, model="m", prompt_tokens=100,
+            arrival=clock.now(),
+        )  # fmt: skip
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        scheduler.submit(job)
+        scheduler.dispatch()
+        times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    return sorted(times), sorted(cpu)
+
+
+def cap_table(sizes: tuple[tuple[int, int], ...] = CAP_SIZES) -> str:
+    """A Markdown table of decision time p50/p99 (µs) at the cap per (engines, chats
+    waiting)."""
+    lines = [
+        "| engines at the cap | chats waiting | decision p50 µs | decision p99 µs "
+        "| CPU p50 µs | CPU p99 µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for engines, waiting in sizes:
+        times, cpu = cap_times(engines, waiting)
+        p50, p99 = times[len(times) // 2], times[int(0.99 * len(times))]
+        c50, c99 = cpu[len(cpu) // 2], cpu[int(0.99 * len(cpu))]
+        lines.append(
+            f"| {engines} | {waiting:,} | {p50 * 1e6:,.0f} | {p99 * 1e6:,.0f} "
+            f"| {c50 * 1e6:,.0f} | {c99 * 1e6:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(sched_table())
+    print()
+    print(cap_table())
