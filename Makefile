@@ -60,7 +60,7 @@ bench: $(STAMP) $(ROUTER_STAMP)
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx; }
 	$(BIN)/python -m loadtests.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps $(ROUTER_STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
