@@ -353,8 +353,8 @@ class Piecer:
                 facts.disable(miss)
                 logger.warning("engine %s: piecing turned off: %s", engine, facts.reason)
             return
-        facts.observe(piece.new_tokens, now - max(sent, run.answered_at))
-        run.answered, run.answered_at = max(run.answered, piece.end), now
+        facts.answered(piece.new_tokens, sent, now)
+        run.answered = max(run.answered, piece.end)
 
     async def _miss(
         self,
@@ -461,7 +461,7 @@ class Hits:
 @dataclass
 class _Run:
     """One prompt's pieces under way: the engine they are pinned to, the end of the
-    pieces answered (and when), the room for pieces in flight, and why piecing
+    pieces answered, the room for pieces in flight, and why piecing
     stopped (``cache_miss``, ``piece_failed``; None: it did not)."""
 
     ticket: Ticket
@@ -469,7 +469,6 @@ class _Run:
     room: anyio.Semaphore
     engine: str | None = None
     answered: int = 0
-    answered_at: float = 0.0
     failed: str | None = None
 
 

@@ -104,6 +104,10 @@ PIECE_DEPTH = 2
 """Pieces in prefill at once on one engine: the next piece waits in the engine while
 one runs, so the engine never idles for the proxy's round trip between pieces."""
 
+SAME_STEP_S = 0.002
+"""Two pieces answered on one engine this close together ran in the same step (an
+engine answers every request of a step at its end; steps are milliseconds apart)."""
+
 NEED_S = 120.0
 """How long ``auto`` keeps piecing after chat's last miss on the engine."""
 
@@ -144,17 +148,21 @@ class EnginePieces:
     """Piecing on one engine: whether it is on and why, and what was learned.
 
     ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
-    prompt token (:meth:`observe`). A new chat waits for the :data:`PIECE_DEPTH`
+    prompt token (:meth:`answered`). A new chat waits for the :data:`PIECE_DEPTH`
     pieces in the engine, then its own short prefill: together they should take
-    about ``idle_target_s`` (the TTFT aim). While chat streams decode there, one
-    piece should also take no more than ``target_s`` (the gap aim): pieces sent
-    one after the other run one a step, and a step is a gap.
+    about ``idle_target_s`` (the TTFT aim). While chat streams decode there, a
+    step should also take no more than ``target_s`` (the gap aim), and the engine
+    may run every piece it holds in one step (a piece sent while the one before it
+    waits for a step goes with it), so the pieces in the engine together fit in it.
     ``block_size`` comes from the engine's ``vllm:cache_config_info`` where it says.
 
-    The cost is the least seconds per token of the last ``window`` pieces: each
-    piece's time from send to answer is its engine time plus what it waited for
-    (a chat, a decode step, the round trip), so each is an upper bound of the
-    engine's cost and the least is the tightest.
+    The cost is the engine's, not the request's round trip: a piece's time starts
+    when it was sent or when the engine answered its previous piece, whichever is
+    later (until then the engine was busy with that one), and pieces answered
+    within :data:`SAME_STEP_S` of each other ran in one step and make one sample.
+    Each sample still counts what the piece waited for besides (a chat's prefill,
+    a decode step), so it bounds the engine's cost per token from above; the least
+    of the last ``window`` is kept.
     """
 
     mode: PiecingMode
@@ -179,7 +187,8 @@ class EnginePieces:
     cache_check: str | None = None
     """How pieces are checked: ``cached_tokens`` (in ``usage``) or
     ``prefix_cache_hits`` (the engine's counter); None until a piece told."""
-    _costs: deque[float] = field(default_factory=deque)
+    _costs: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds)
+    _last_answer: float | None = None
 
     @property
     def piece_tokens(self) -> int:
@@ -190,8 +199,9 @@ class EnginePieces:
         """The next piece's size, with chat streams decoding on the engine or not."""
         if self.seconds_per_token is None:
             return aligned(self.initial_tokens, self.block_size)
-        wait = self.idle_target_s / PIECE_DEPTH  # a new chat waits for every piece
-        target = min(self.target_s, wait) if streams else wait
+        # a new chat waits for every piece in the engine; a step may hold them all
+        target = min(self.target_s, self.idle_target_s) if streams else self.idle_target_s
+        target /= PIECE_DEPTH
         return piece_size(
             self.seconds_per_token, target, self.block_size, self.min_tokens, self.max_tokens
         )
@@ -226,15 +236,23 @@ class EnginePieces:
             return True
         return missed_at is not None and now - missed_at <= self.need_s
 
-    def observe(self, new_tokens: int, seconds: float) -> None:
-        """A piece of ``new_tokens`` took ``seconds`` from send to answer."""
+    def answered(self, new_tokens: int, sent: float, now: float) -> None:
+        """A piece of ``new_tokens`` sent at ``sent`` was answered at ``now``."""
         self.pieces += 1
-        if new_tokens < 1 or seconds <= 0:
+        last, self._last_answer = self._last_answer, max(now, self._last_answer or now)
+        if new_tokens < 1:
             return
-        self._costs.append(seconds / new_tokens)
-        while len(self._costs) > self.window:
-            self._costs.popleft()
-        self.seconds_per_token = min(self._costs)
+        if last is not None and self._costs and abs(now - last) <= SAME_STEP_S:
+            tokens, seconds = self._costs[-1]  # the same step as the piece before
+            self._costs[-1] = (tokens + new_tokens, seconds)
+        else:
+            seconds = now - (sent if last is None else max(sent, last))
+            if seconds <= 0:
+                return
+            self._costs.append((new_tokens, seconds))
+            while len(self._costs) > self.window:
+                self._costs.popleft()
+        self.seconds_per_token = min(seconds / tokens for tokens, seconds in self._costs)
 
     def disable(self, reason: str) -> None:
         """The cache did not hold (or cannot be checked): piecing stops here."""

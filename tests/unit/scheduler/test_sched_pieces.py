@@ -106,18 +106,31 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     facts = EnginePieces(mode=PiecingMode.ON, initial_tokens=500, target_s=0.08, window=4)
     facts.discovered(True, 16)
     assert facts.piece_tokens == 496 and facts.seconds_per_token is None
-    # 0.1 ms a token: a piece must fit in the gap aim (0.08 s), two in the TTFT
-    # aim (0.24 s): 800 tokens
-    facts.observe(400, 0.04)
-    assert facts.piece_tokens == 800 and facts.pieces == 1
-    # a piece that waited (for a chat, a decode step) does not shrink the next one:
-    # every piece's time bounds the engine's cost from above, the least is kept
-    facts.observe(400, 0.16)
+    # 0.1 ms a token: the two pieces the engine may hold must fit in one step of the
+    # gap aim (0.08 s) while chat streams decode there, 400 tokens each, and in the
+    # TTFT aim (0.24 s) when none does, 1,200
+    facts.answered(400, sent=0.0, now=0.04)
+    assert facts.piece_tokens == 400 and facts.pieces == 1
+    assert facts.piece_tokens_for(streams=False) == 1200
+    # a piece sent while the one before it ran: the engine's time for it starts
+    # with that one's answer, not with its own send
+    facts.answered(400, sent=0.01, now=0.08)
     assert facts.seconds_per_token == pytest.approx(0.0001)
+    # two pieces answered together ran in one step: one sample of both, not a
+    # second piece that seemed to cost nothing
+    facts.answered(400, sent=0.085, now=0.165)
+    facts.answered(400, sent=0.09, now=0.1655)
+    assert facts.seconds_per_token == pytest.approx(0.0001) and facts.pieces == 4
+    # a piece that waited (for a chat, a decode step) does not shrink the next one:
+    # every sample bounds the engine's cost from above, the least is kept
+    facts.answered(400, sent=0.3, now=0.46)
+    assert facts.seconds_per_token == pytest.approx(0.0001)
+    now = 0.5
     for _ in range(4):  # ... until the engine is slower for a whole window
-        facts.observe(400, 0.08)
+        facts.answered(400, sent=now, now=now + 0.08)
+        now += 0.1
     assert facts.seconds_per_token == pytest.approx(0.0002)
-    assert facts.piece_tokens == 400
+    assert facts.piece_tokens == 256  # 0.04 / 0.0002 = 200, up to the least piece
     # with no chat stream decoding there, the two pieces may take the TTFT aim
     assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
     facts.disable("the cache did not hold")
