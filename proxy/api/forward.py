@@ -198,12 +198,15 @@ class Forwarder:
             if retried:
                 return await admission.readmit(ticket.id)
             final = Final(ticket.count.tokens, None, 0)
+            whole_for_now = False
             if pieced is not None and self.pieces is not None:
                 final = await self.pieces.prefill(ticket, pieced)
+            elif self.pieces is not None:
+                whole_for_now = self.pieces.before_a_miss(ticket)
             job = Job(
                 id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
                 arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
-                piece=final.piece, abortable=self._abortable(req.cls, final),
+                piece=final.piece, abortable=self._abortable(req.cls, final, whole_for_now),
             )  # fmt: skip
             if job.abortable and self.pieces is not None:
                 cost = self.pieces.cost(final.engine)
@@ -218,14 +221,16 @@ class Forwarder:
         self.services.metrics.queue_wait.labels(req.cls.value).observe(admitted.queued_s)
         return admitted
 
-    def _abortable(self, cls: TrafficClass, final: Final) -> bool:
+    def _abortable(self, cls: TrafficClass, final: Final, whole_for_now: bool) -> bool:
         """Whether a job may be aborted in prefill for a chat (``batch_abort``):
         ``auto``, the final request of a pieced prompt (``final.engine`` set: its
-        engine pieces); ``on``, every batch request; ``off``, none."""
+        engine pieces) and a long prompt sent whole only because ``auto`` piecing
+        waits for chat's first miss (``whole_for_now``, :meth:`Piecer.before_a_miss`);
+        ``on``, every batch request; ``off``, none."""
         mode = self.settings.batch_abort
         if cls is not TrafficClass.BATCH or mode == "off" or self.pieces is None:
             return False
-        return mode == "on" or final.engine is not None
+        return mode == "on" or final.engine is not None or whole_for_now
 
     async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere

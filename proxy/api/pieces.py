@@ -244,6 +244,28 @@ class Piecer:
             return None
         return Pieced(ids, next_piece(len(ids), 0, facts.piece_tokens, facts.block_size))
 
+    def before_a_miss(self, ticket: Ticket) -> bool:
+        """Whether ``ticket``'s batch prompt goes whole only because ``auto`` pieces
+        nowhere yet: long enough to be pieced, on engines that would piece it (prefix
+        caching on) once chat missed its aim there, and that it has not (a read).
+        Such a request may be aborted in prefill for a chat, as a pieced prompt's
+        final may (``batch_abort: auto``): what it computed stays in the engine's
+        prefix cache, and it is sent again on the same engine."""
+        req = ticket.req
+        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
+            return False
+        up = self.admission.engines_up_for(req.model)
+        if not up or not all(name in self.board for name in up):
+            return False
+        now = self.clock.now()
+        for name in up:
+            facts = self.board[name]
+            if facts.mode is not PiecingMode.AUTO or not facts.enabled:
+                return False
+            if self._wanted(name, now) or ticket.count.tokens <= facts.piece_tokens:
+                return False
+        return True
+
     async def _token_ids(self, client: EngineClient, ticket: Ticket) -> list[int] | None:
         req = ticket.req
         try:

@@ -7,8 +7,9 @@ The final request of a pieced prompt (:mod:`proxy.scheduler.pieces`) finds its
 earlier pieces in the engine's prefix cache; aborted, it loses little, and sent
 again on the same engine it finds them there again, with whatever whole blocks
 of its own prefill were computed before the abort. So such a job is *abortable*
-(``Job.abortable``, set by the edge), and :func:`choose_abort` says when to
-abort it:
+(``Job.abortable``, set by the edge; under ``batch_abort: auto`` also a long prompt
+sent whole only because ``auto`` piecing waits for chat's first miss on an engine
+that caches prefixes), and :func:`choose_abort` says when to abort it:
 
 - only a batch job in prefill (no first token yet) marked abortable, aborted
   fewer than ``limit`` times (``batch_abort_max``): after that it is never

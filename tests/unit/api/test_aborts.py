@@ -68,11 +68,11 @@ class AbortingEngines(CachingEngines):
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=held)
 
 
-def settings(engines: CachingEngines, **fields: Any) -> Settings:
+def settings(engines: CachingEngines, piecing: str = "on", **fields: Any) -> Settings:
     # a TTFT aim (0.8 x 10 ms) that the final's prefill left (a piece at 0.2 ms a
     # token) passes at once: a chat that arrives while it is in prefill is at risk
     budget = BudgetConfig(ttft_target_s=0.01)
-    engine = engines.config("a", piecing="on", piece_tokens=512, budget=budget)
+    engine = engines.config("a", piecing=piecing, piece_tokens=512, budget=budget)
     return engines.settings(engines=(engine,), ttft_target_s=0.01, **fields)
 
 
@@ -168,18 +168,24 @@ async def test_a_client_that_leaves_while_requeued_leaves_no_job() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "tokens", "aborts"),
+    ("mode", "piecing", "tokens", "aborts"),
     [
-        ("off", TOKENS, 0),
-        ("auto", TOKENS, 1),  # the final request of a pieced prompt
-        ("auto", 500, 0),  # a prompt sent whole: only under on
-        ("on", 500, 1),
+        ("off", "on", TOKENS, 0),
+        ("auto", "on", TOKENS, 1),  # the final request of a pieced prompt
+        ("auto", "on", 500, 0),  # a prompt sent whole: only under on
+        ("on", "on", 500, 1),
+        # piecing auto before chat's first miss: the long prompt goes whole, and may
+        # be aborted as its final would be; a short one would go whole anyway
+        ("auto", "auto", TOKENS, 1),
+        ("auto", "auto", 500, 0),
+        ("off", "auto", TOKENS, 0),
     ],
 )
-async def test_what_batch_abort_aborts(mode: str, tokens: int, aborts: int) -> None:
+async def test_what_batch_abort_aborts(mode: str, piecing: str, tokens: int, aborts: int) -> None:
     engines = AbortingEngines()
     engines.token_count = tokens
-    async with running(settings(engines, batch_abort=mode), engines) as (client, state):
+    config = settings(engines, piecing, batch_abort=mode)
+    async with running(config, engines) as (client, state):
         chats: list[httpx.Response] = []
         batches: list[httpx.Response] = []
         async with anyio.create_task_group() as group:
@@ -195,7 +201,8 @@ async def test_what_batch_abort_aborts(mode: str, tokens: int, aborts: int) -> N
             engines.final.release.set()
             engines.chat.release.set()
         assert batches[0].json()["choices"][0]["text"] == "Hello world!"
-        assert engines.finals == 1 + aborts and (engines.pieces() != []) is (tokens == TOKENS)
+        pieced = tokens == TOKENS and piecing == "on"
+        assert engines.finals == 1 + aborts and (engines.pieces() != []) is pieced
         metrics = (await client.get("/metrics")).text
         assert f'whoseturn_batch_aborts_total{{engine="a"}} {aborts}.0' in metrics
         assert f'whoseturn_batch_requeues_total{{engine="a"}} {aborts}.0' in metrics
