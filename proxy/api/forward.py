@@ -32,19 +32,19 @@ from typing import Any, TypeVar
 import anyio
 import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from proxy.admission import Admitted, Closed
 from proxy.api.aborts import Windows
 from proxy.api.assemble import Assembler
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
-from proxy.api.guard import StartWatch, new_request_id, request_id, set_request_id
+from proxy.api.guard import new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
 from proxy.api.pieces import Final, Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
-from proxy.api.sse import sse_error
+from proxy.api.sse import SSEEvent
+from proxy.api.stream import RelayResponse
 from proxy.config import Settings
 from proxy.engines import (
     EngineConnectTimeout,
@@ -63,7 +63,6 @@ T = TypeVar("T")
 ANSWERED_LATELY_S = 10.0
 """A connect timeout on an engine that answered within this long is the proxy's own
 delay: the connection is tried once more, and the engine is not ejected."""
-DONE = b"data: [DONE]\n\n"
 
 
 class ClientGone(Exception):
@@ -408,10 +407,13 @@ class Forwarder:
             opened = await self._open(ticket, retried)
             relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
             assembler = Assembler(chat=ticket.req.chat)
+
+            async def add(event: SSEEvent, assembler: Assembler = assembler) -> None:
+                if event.data is not None:
+                    assembler.add(event.data)
+
             try:
-                async for event in relay.events():
-                    if event.data is not None:
-                        assembler.add(event.data)
+                await relay.pump(add)
             except (httpx.HTTPError, UpstreamError) as exc:
                 error = map_stream_error(opened.engine, exc)
                 self.monitor.request_failed(opened.engine, error)
@@ -483,79 +485,3 @@ class PassThrough(Exception):
             media_type=self.error.content_type or "application/json",
             headers=self.headers,
         )
-
-
-class RelayResponse(StreamingResponse):
-    """The engine's events relayed as they complete. When the response ends for any
-    reason — finished, client gone, engine broken — the upstream is closed and the
-    outcome recorded exactly once."""
-
-    def __init__(
-        self,
-        relay: Relay,
-        stack: AsyncExitStack,
-        include_usage: bool,
-        headers: dict[str, str],
-        monitor: EngineMonitor,
-    ) -> None:
-        self._gen = self._bytes()
-        super().__init__(self._gen, media_type="text/event-stream", headers=headers)
-        self.relay = relay
-        self.stack = stack
-        self.include_usage = include_usage
-        self.monitor = monitor
-        self.outcome = "cancelled"
-        self._closed = False
-
-    async def _bytes(self) -> AsyncIterator[bytes]:
-        try:
-            async for event in self.relay.events():
-                if event.is_usage_only and not self.include_usage:
-                    continue
-                yield event.raw
-            self.outcome = "engine_error" if self.relay.stats.engine_error else "ok"
-            self.monitor.request_succeeded(self.relay.engine)
-        except (httpx.HTTPError, UpstreamError) as exc:
-            error = map_stream_error(self.relay.engine, exc)
-            self.monitor.request_failed(self.relay.engine, error)
-            self.outcome = "engine_error"
-            logger.warning(
-                "stream %s broke on %s: %s", self.relay.ticket.id, self.relay.engine, error
-            )
-            yield sse_error(f"The engine failed mid-stream: {error}")
-            yield DONE
-        finally:
-            await self._close()
-
-    async def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self.outcome == "cancelled" and self.relay.services.admission.closed:
-            logger.warning(
-                "stream %s aborted upstream on %s: the drain timeout passed",
-                self.relay.ticket.id,
-                self.relay.engine,
-            )
-        await close_shielded(self.stack)
-        self.relay.finish(self.outcome)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = StartWatch(send)
-        try:
-            await super().__call__(scope, receive, watch)
-        except anyio.get_cancelled_exc_class():
-            if not self.relay.services.admission.closed:
-                raise
-            # The drain timeout passed (the server cancels what is still running):
-            # end the stream properly instead, once the upstream is closed.
-            with anyio.CancelScope(shield=True):
-                await self._gen.aclose()  # type: ignore[attr-defined]
-                await self._close()
-                if watch.started:
-                    end = sse_error("The proxy is shutting down; the stream was cut off.") + DONE
-                    await send({"type": "http.response.body", "body": end, "more_body": False})
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._gen.aclose()  # type: ignore[attr-defined]
-                await self._close()

@@ -32,19 +32,6 @@ from proxy.api.errors import APIError
 logger = logging.getLogger(__name__)
 
 
-class StartWatch:
-    """An ASGI ``send`` that remembers whether the response has started (after which
-    no other status can be sent, only the body cut short)."""
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.started = False
-
-    async def __call__(self, message: Message) -> None:
-        self.started = self.started or message["type"] == "http.response.start"
-        await self.send(message)
-
-
 REQUEST_ID_HEADER = b"x-request-id"
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 
@@ -81,14 +68,19 @@ def _client_request_id(scope: Scope) -> str | None:
 
 class IdSend:
     """An ASGI ``send`` that adds ``X-Request-Id`` (the request's id as it stands
-    when the response starts) unless the response names one itself."""
+    when the response starts) unless the response names one itself, and remembers
+    whether the response has started (after which no other status can be sent,
+    only the body cut short). One wrapper, not two: every streamed event passes
+    through it."""
 
     def __init__(self, scope: Scope, send: Send) -> None:
         self.scope = scope
         self.send = send
+        self.started = False
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if not self.started and message["type"] == "http.response.start":
+            self.started = True
             headers = list(message.get("headers", ()))
             if all(name.lower() != REQUEST_ID_HEADER for name, _ in headers):
                 headers.append((REQUEST_ID_HEADER, request_id(self.scope).encode("latin-1")))
@@ -131,19 +123,18 @@ class Guard:
             await self.app(scope, receive, send)
             return
         set_request_id(scope, _client_request_id(scope) or new_request_id())
-        send = IdSend(scope, send)
+        id_send = IdSend(scope, send)
         limit = self.path_limits.get(scope["path"], self.limit)
         length = declared_length(scope)
         if length is not None and length > limit:
-            await _send_error(send, BodyTooLarge(limit), {})
+            await _send_error(id_send, BodyTooLarge(limit), {})
             return
-        watch = StartWatch(send)
         try:
-            await self.app(scope, self._limited(receive, limit), watch)
+            await self.app(scope, self._limited(receive, limit), id_send)
         except ClientDisconnect:
             logger.debug("client left while sending %s %s", scope["method"], scope["path"])
         except Exception:
-            await self._failed(scope, send, watch.started)
+            await self._failed(scope, id_send, id_send.started)
 
     def _limited(self, receive: Receive, limit: int) -> Receive:
         """``receive``, raising :class:`BodyTooLarge` once the body passes ``limit``."""

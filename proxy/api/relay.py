@@ -2,8 +2,8 @@
 
 :class:`Relay` reads the engine's stream for one request. It tells the scheduler
 (through :class:`~proxy.admission.Admission`) when the first token arrives and
-each gap after it, records the request's metrics, and either yields the events'
-bytes unchanged (streaming clients) or feeds them to an
+each gap after it, records the request's metrics, and passes each event on: its
+bytes unchanged to a streaming client (:mod:`proxy.api.stream`), or to an
 :class:`~proxy.api.assemble.Assembler` (clients that asked for one body). When it
 finishes, the engine's ``usage`` teaches the prompt counter and the job leaves the
 scheduler.
@@ -11,21 +11,24 @@ scheduler.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import httpx
 
 from proxy.admission import Admission, Admitted
 from proxy.api.inputs import ChatRequest
 from proxy.api.prompts import PromptCount, PromptCounter
+from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.clock import Clock
 from proxy.engines import EngineTimeout
 from proxy.metrics import ProxyMetrics
+
+Deliver = Callable[[SSEEvent], Awaitable[None]]
+"""Where :meth:`Relay.pump` passes each event: the client's stream, or an assembler."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +96,11 @@ class Relay:
         self._prefill = metrics.prefill.labels(*self._labels)
         self._inter_token = metrics.inter_token.labels(*self._labels)
 
-    async def events(self) -> AsyncIterator[SSEEvent]:
-        """The engine's events as they complete; read errors propagate (httpx), and
-        silence past the phase's read timeout raises :class:`EngineTimeout`.
+    async def pump(self, deliver: Deliver) -> None:
+        """Pass the engine's events to ``deliver`` as they complete; read errors
+        propagate (httpx), and silence past the read's timeout (``first_byte_s``,
+        then ``idle_s``) raises :class:`EngineTimeout`. One watchdog per stream keeps
+        the timeout (:class:`~proxy.api.silence.Silence`), not a timer per read.
 
         Each event is followed by a checkpoint. One read can bring hundreds of events
         (a backlog, when the engine runs ahead of the proxy), and sending them to the
@@ -103,29 +108,49 @@ class Relay:
         the checkpoint the event loop would not run until the backlog was drained, so
         a client's hang-up (and every other request) would wait that long.
         """
+        timeouts = self.services.timeouts
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as group:
+            silence = Silence(group.cancel_scope, min(timeouts.first_byte_s, timeouts.idle_s))
+            group.start_soon(silence.watch)
+            try:
+                await self._pump(deliver, silence)
+            except Exception as exc:  # re-raised below, outside the task group
+                failed.append(exc)
+            group.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+        if silence.expired:
+            raise EngineTimeout(self.engine, f"the engine sent nothing for {silence.limit:g} s")
+
+    async def _pump(self, deliver: Deliver, silence: Silence) -> None:
         reader = SSEReader()
         chunks = self._chunks if self._chunks is not None else self.response.aiter_raw()
-        limit = self.services.timeouts.first_byte_s
-        while (chunk := await self._next(chunks, limit)) is not None:
-            limit = self.services.timeouts.idle_s
+        checkpoint = fast_checkpoint()
+        observe = self._observe
+        idle_s = self.services.timeouts.idle_s
+        silence.reading(self.services.timeouts.first_byte_s)
+        async for chunk in chunks:
+            silence.read()
             for event in reader.feed(chunk):
-                self._observe(event)
-                yield event
-                await anyio.lowlevel.checkpoint()
-
-    async def _next(self, chunks: AsyncIterator[bytes], limit: float) -> bytes | None:
-        """The next chunk, ``None`` at the end, :class:`EngineTimeout` after
-        ``limit`` seconds of silence."""
-        with anyio.move_on_after(limit):
-            return await anext(chunks, None)
-        raise EngineTimeout(self.engine, f"the engine sent nothing for {limit:g} s")
+                observe(event)
+                await deliver(event)
+                await checkpoint()
+            silence.reading(idle_s)
+        silence.read()
 
     def _observe(self, event: SSEEvent) -> None:
-        self.stats.events += 1
-        if event.error is not None:
-            self.stats.engine_error = event.error
-        if event.data is not None and event.data.get("usage"):
-            self.stats.usage = event.data["usage"]
+        stats = self.stats
+        stats.events += 1
+        data = event.data
+        if data is None:
+            return
+        error = data.get("error")
+        if isinstance(error, dict):
+            stats.engine_error = error
+        usage = data.get("usage")
+        if usage:
+            stats.usage = usage
         if event.has_token:
             self._token(self.services.clock.now())
 

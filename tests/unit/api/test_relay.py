@@ -13,6 +13,7 @@ from proxy.admission import Admission, Admitted
 from proxy.api.inputs import ChatRequest, StreamWish
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.relay import Relay, Services, Ticket
+from proxy.api.sse import SSEEvent
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
 from proxy.engines import EnginePool
@@ -63,9 +64,12 @@ async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() 
     async with anyio.create_task_group() as group:
         group.start_soon(other_task)
         await anyio.lowlevel.checkpoint()
-        async for event in relay.events():
+
+        async def deliver(event: SSEEvent) -> None:
             if event.has_token:
                 seen.append(ticks)
+
+        await relay.pump(deliver)
         group.cancel_scope.cancel()
     assert len(seen) == BACKLOG + 1  # the pieces and the empty finishing chunk
     # The other task ran at least once between any two token events.
