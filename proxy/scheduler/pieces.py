@@ -104,10 +104,6 @@ PIECE_DEPTH = 2
 """Pieces in prefill at once on one engine: the next piece waits in the engine while
 one runs, so the engine never idles for the proxy's round trip between pieces."""
 
-SAME_STEP_S = 0.002
-"""Two pieces answered on one engine this close together ran in the same step (an
-engine answers every request of a step at its end; steps are milliseconds apart)."""
-
 NEED_S = 120.0
 """How long ``auto`` keeps piecing after chat's last miss on the engine."""
 
@@ -158,11 +154,16 @@ class EnginePieces:
 
     The cost is the engine's, not the request's round trip: a piece's time starts
     when it was sent or when the engine answered its previous piece, whichever is
-    later (until then the engine was busy with that one), and pieces answered
-    within :data:`SAME_STEP_S` of each other ran in one step and make one sample.
-    Each sample still counts what the piece waited for besides (a chat's prefill,
-    a decode step), so it bounds the engine's cost per token from above; the least
-    of the last ``window`` is kept.
+    later (until then the engine was busy with that one), and ends with its
+    answer. So the times of pieces that follow each other add up to the time the
+    engine spent on them however it grouped them into steps, and however late each
+    answer was read (a piece answered in its predecessor's step, or read late, has
+    little time of its own, and the next one less). The cost is the sum of the last
+    ``window`` pieces' times over the sum of their new tokens: robust to how the
+    time falls between pieces, where the least of each piece's own ratio is not
+    (one piece read just after another looks free). It counts what the pieces
+    waited for besides (a chat's prefill, decode steps), so it errs high: smaller
+    pieces, never larger.
     """
 
     mode: PiecingMode
@@ -242,17 +243,13 @@ class EnginePieces:
         last, self._last_answer = self._last_answer, max(now, self._last_answer or now)
         if new_tokens < 1:
             return
-        if last is not None and self._costs and abs(now - last) <= SAME_STEP_S:
-            tokens, seconds = self._costs[-1]  # the same step as the piece before
-            self._costs[-1] = (tokens + new_tokens, seconds)
-        else:
-            seconds = now - (sent if last is None else max(sent, last))
-            if seconds <= 0:
-                return
-            self._costs.append((new_tokens, seconds))
-            while len(self._costs) > self.window:
-                self._costs.popleft()
-        self.seconds_per_token = min(seconds / tokens for tokens, seconds in self._costs)
+        start = sent if last is None else max(sent, last)
+        self._costs.append((new_tokens, max(0.0, now - start)))
+        while len(self._costs) > self.window:
+            self._costs.popleft()
+        seconds = sum(s for _, s in self._costs)
+        if seconds > 0:
+            self.seconds_per_token = seconds / sum(t for t, _ in self._costs)
 
     def disable(self, reason: str) -> None:
         """The cache did not hold (or cannot be checked): piecing stops here."""

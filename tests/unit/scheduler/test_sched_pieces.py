@@ -116,17 +116,17 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     # with that one's answer, not with its own send
     facts.answered(400, sent=0.01, now=0.08)
     assert facts.seconds_per_token == pytest.approx(0.0001)
-    # two pieces answered together ran in one step: one sample of both, not a
-    # second piece that seemed to cost nothing
+    # two pieces answered together (one step, or the first read late): the second
+    # looks free on its own, and the sum over both is still the engine's time
     facts.answered(400, sent=0.085, now=0.165)
     facts.answered(400, sent=0.09, now=0.1655)
-    assert facts.seconds_per_token == pytest.approx(0.0001) and facts.pieces == 4
-    # a piece that waited (for a chat, a decode step) does not shrink the next one:
-    # every sample bounds the engine's cost from above, the least is kept
+    assert facts.seconds_per_token == pytest.approx(0.1605 / 1600) and facts.pieces == 4
+    # a piece that waited (for a chat, a decode step) raises the cost: smaller
+    # pieces, never larger (window 4: the first piece's sample is gone)
     facts.answered(400, sent=0.3, now=0.46)
-    assert facts.seconds_per_token == pytest.approx(0.0001)
+    assert facts.seconds_per_token == pytest.approx((0.04 + 0.08 + 0.0005 + 0.16) / 1600)
     now = 0.5
-    for _ in range(4):  # ... until the engine is slower for a whole window
+    for _ in range(4):  # an engine slower for a whole window
         facts.answered(400, sent=now, now=now + 0.08)
         now += 0.1
     assert facts.seconds_per_token == pytest.approx(0.0002)
