@@ -98,7 +98,8 @@ def test_two_workers_share_one_port_and_the_ledger_and_drain_on_sigterm(
 def test_a_worker_that_dies_stops_the_others_and_the_parent_fails(
     sim: SimServer, postgres_db: str, tmp_path: Path
 ) -> None:
-    with two_workers(sim, postgres_db, tmp_path) as (child, _):
+    with two_workers(sim, postgres_db, tmp_path) as (child, url):
+        assert replicas_answering(url) == REPLICAS  # both serving, so both can drain
         victim, other = worker_pids(child.process.pid)
         os.kill(victim, signal.SIGKILL)
         assert child.process.wait(60) == 1, child.tail()
@@ -111,7 +112,10 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_fails(
 def test_workers_drain_when_their_parent_is_killed(
     sim: SimServer, postgres_db: str, tmp_path: Path
 ) -> None:
-    with two_workers(sim, postgres_db, tmp_path) as (child, _):
+    with two_workers(sim, postgres_db, tmp_path) as (child, url):
+        # both serving (one answering /readyz says nothing of the other, which on a
+        # busy machine may still be starting: killed then, it has nothing to drain)
+        assert replicas_answering(url) == REPLICAS
         pids = worker_pids(child.process.pid)
         child.process.kill()
         child.process.wait(10)
