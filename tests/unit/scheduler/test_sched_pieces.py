@@ -106,11 +106,10 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     facts = EnginePieces(mode=PiecingMode.ON, initial_tokens=500, target_s=0.08, window=4)
     facts.discovered(True, 16)
     assert facts.piece_tokens == 496 and facts.seconds_per_token is None
-    # 0.1 ms a token: the two pieces the engine may hold must fit in one step of the
-    # gap aim (0.08 s) while chat streams decode there, 400 tokens each, and in the
-    # TTFT aim (0.24 s) when none does, 1,200
+    # 0.1 ms a token: a piece must fit in the gap aim (0.08 s) while chat streams
+    # decode there, two in the TTFT aim (0.24 s): 800 tokens; 1,200 with no stream
     facts.answered(400, sent=0.0, now=0.04)
-    assert facts.piece_tokens == 400 and facts.pieces == 1
+    assert facts.piece_tokens == 800 and facts.pieces == 1
     assert facts.piece_tokens_for(streams=False) == 1200
     # a piece sent while the one before it ran: the engine's time for it starts
     # with that one's answer, not with its own send
@@ -130,7 +129,7 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
         facts.answered(400, sent=now, now=now + 0.08)
         now += 0.1
     assert facts.seconds_per_token == pytest.approx(0.0002)
-    assert facts.piece_tokens == 256  # 0.04 / 0.0002 = 200, up to the least piece
+    assert facts.piece_tokens == 400  # 0.08 / 0.0002
     # with no chat stream decoding there, the two pieces may take the TTFT aim
     assert facts.piece_tokens_for(streams=False) == 592  # 0.12 / 0.0002 = 600 -> 592
     facts.disable("the cache did not hold")
