@@ -224,12 +224,9 @@ class Piecer:
 
     async def prepare(self, ticket: Ticket) -> Pieced | None:
         """The prompt's token ids and first piece, if ``ticket`` is to be pieced."""
-        req = ticket.req
-        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
+        up = self._engines_for(ticket)
+        if up is None:
             return None
-        up = self.admission.engines_up_for(req.model)
-        if not up or not all(name in self.board for name in up):
-            return None  # an engine that left, or not yet told to the piecer
         for name in up:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
@@ -251,11 +248,8 @@ class Piecer:
         Such a request may be aborted in prefill for a chat, as a pieced prompt's
         final may (``batch_abort: auto``): what it computed stays in the engine's
         prefix cache, and it is sent again on the same engine."""
-        req = ticket.req
-        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
-            return False
-        up = self.admission.engines_up_for(req.model)
-        if not up or not all(name in self.board for name in up):
+        up = self._engines_for(ticket)
+        if up is None:
             return False
         now = self.clock.now()
         for name in up:
@@ -265,6 +259,18 @@ class Piecer:
             if self._wanted(name, now) or ticket.count.tokens <= facts.piece_tokens:
                 return False
         return True
+
+    def _engines_for(self, ticket: Ticket) -> list[str] | None:
+        """The up engines ``ticket``'s prompt would go to, if it may be pieced at all:
+        a batch request whose tokens were counted exactly, on engines all known to
+        the piecer (not one that left, or not yet told to it); None otherwise."""
+        req = ticket.req
+        if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
+            return None
+        up = self.admission.engines_up_for(req.model)
+        if not up or not all(name in self.board for name in up):
+            return None
+        return up
 
     async def _token_ids(self, client: EngineClient, ticket: Ticket) -> list[int] | None:
         req = ticket.req

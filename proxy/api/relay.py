@@ -145,8 +145,8 @@ class Relay:
         data = event.data
         if data is None:
             return
-        error = data.get("error")
-        if isinstance(error, dict):
+        error = event.error
+        if error is not None:
             stats.engine_error = error
         usage = data.get("usage")
         if usage:

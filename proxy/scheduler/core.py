@@ -306,8 +306,7 @@ class Scheduler:
         """No engine of ``model`` takes a chat: hold every chat queued for it, for
         the reason the pass gives one (any engine of it up: the cap; none: the
         engines are unhealthy). Chats held for that reason already are skipped."""
-        up = any(e.up for e in engines)
-        reason = HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
+        reason = _chat_held(engines)
         fresh = self._chats_fresh.pop(model, {})
         if self._chats_held_for.get(model) is reason:
             jobs: Iterable[Job] = fresh.values()
@@ -329,9 +328,8 @@ class Scheduler:
             else:
                 ready = [e for e in self._candidates(job) if e.name in takes]
             if not ready:
-                up = any(e.up for e in self._candidates(job))
-                reason = HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
-                self._hold(now, job, self._candidates(job), reason)
+                candidates = self._candidates(job)
+                self._hold(now, job, candidates, _chat_held(candidates))
                 continue
             preferred = self.affinity.get(job.affinity)
             engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
@@ -771,6 +769,13 @@ class Scheduler:
 
 
 _RANK = operator.attrgetter("rank")
+
+
+def _chat_held(engines: Iterable[EngineState]) -> HeldReason:
+    """Why a chat none of ``engines`` takes waits: they are at their cap (one is up)
+    or unhealthy (none is)."""
+    up = any(e.up for e in engines)
+    return HeldReason.CONCURRENCY_CAP if up else HeldReason.ENGINE_UNHEALTHY
 
 
 def _reserved_tokens(engine: EngineState) -> int:
