@@ -44,7 +44,7 @@ from proxy.api.pieces import Final, Pieced, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import SSEEvent
-from proxy.api.stream import RelayResponse
+from proxy.api.stream import RelayResponse, close_shielded
 from proxy.config import Settings
 from proxy.engines import (
     EngineConnectTimeout,
@@ -91,11 +91,6 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     if not box:
         raise ClientGone
     return box[0]
-
-
-async def close_shielded(stack: AsyncExitStack) -> None:
-    with anyio.CancelScope(shield=True):
-        await stack.aclose()
 
 
 @dataclass

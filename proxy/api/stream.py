@@ -130,9 +130,15 @@ class RelayResponse(Response):
                 relay.ticket.id,
                 relay.engine,
             )
-        with anyio.CancelScope(shield=True):
-            await self.stack.aclose()
+        await close_shielded(self.stack)
         relay.finish(self.outcome)
+
+
+async def close_shielded(stack: AsyncExitStack) -> None:
+    """Close ``stack`` (an upstream response and its connection) even while the
+    caller is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await stack.aclose()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
