@@ -11,6 +11,7 @@ import httpx
 from proxy.config import EngineConfig, Settings
 from proxy.engines._client import EngineClient
 from proxy.engines._exceptions import UpstreamError
+from proxy.engines._transport import PlainHTTPTransport
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +32,20 @@ def make_http_client(
     compress (``Accept-Encoding: identity``) so raw bytes can be passed through
     to clients as they are, and proxy variables in the environment are ignored.
 
-    Connections are kept in :data:`POOL_SHARDS` pools (:class:`ShardedTransport`)
-    unless ``transport`` is given (tests swap it).
+    ``http://`` engines are reached through :class:`PlainHTTPTransport` (asyncio's
+    protocols and httptools: the relay's cheap path), ``https://`` ones through
+    httpx's own, its connections in :data:`POOL_SHARDS` pools
+    (:class:`ShardedTransport`); unless ``transport`` is given (tests swap it).
     """
     connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
     if transport is None:
         per_shard = -(-connections // POOL_SHARDS)
         limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
         tls = httpx.create_ssl_context()  # one for all: each costs loading the CA bundle
-        transport = ShardedTransport(
-            [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
+        transport = PlainHTTPTransport(
+            fallback=ShardedTransport(
+                [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
+            )
         )
     return httpx.AsyncClient(
         transport=transport,

@@ -1,0 +1,320 @@
+"""The plain HTTP/1.1 transport, against real sockets: a scripted server per test.
+
+Each test runs on asyncio's own loop and on uvloop (the proxy's, under uvicorn):
+their transports differ in type and timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import httpx
+import pytest
+
+from proxy.engines._transport import PlainHTTPTransport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@dataclass
+class Server:
+    """A TCP server whose every connection runs ``handler``; what it saw."""
+
+    port: int = 0
+    connections: int = 0
+    requests: list[tuple[bytes, dict[bytes, bytes], bytes]] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bool:
+        """Read one request (head and Content-Length body); False at EOF."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        first, *lines = head[:-4].split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (x.split(b":", 1) for x in lines)}
+        body = await reader.readexactly(int(headers.get(b"content-length", b"0")))
+        self.requests.append((first, headers, body))
+        return True
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[Server]:
+    server = Server()
+
+    async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server.connections += 1
+        try:
+            await handler(reader, writer, server)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(run, "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    try:
+        yield server
+    finally:
+        listener.close()
+
+
+@asynccontextmanager
+async def client(
+    fallback: httpx.AsyncBaseTransport | None = None,
+) -> AsyncIterator[httpx.AsyncClient]:
+    transport = PlainHTTPTransport(fallback or httpx.AsyncHTTPTransport())
+    async with httpx.AsyncClient(transport=transport, timeout=5) as http:
+        yield http
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def keep_answering(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+) -> None:
+    while await s.read_request(reader):
+        body = b"hello " + s.requests[-1][2]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+
+
+@pytest.mark.anyio
+async def test_a_request_and_its_answer_cross_whole_and_the_connection_is_reused() -> None:
+    prompt = b"x" * 100_000
+    async with serving(keep_answering) as server, client() as http:
+        first = await http.post(server.url + "/v1/echo?a=1", content=prompt)
+        second = await http.post(server.url + "/v1/echo", content=b"again")
+    assert first.status_code == 200 and first.content == b"hello " + prompt
+    assert first.http_version == "HTTP/1.1" and first.reason_phrase == "OK"
+    assert second.content == b"hello again"
+    assert server.connections == 1
+    line, headers, _ = server.requests[0]
+    assert line == b"POST /v1/echo?a=1 HTTP/1.1"
+    assert headers[b"host"] == f"127.0.0.1:{server.port}".encode()
+    assert headers[b"content-length"] == b"100000"
+
+
+@pytest.mark.anyio
+async def test_a_chunked_stream_is_read_as_it_is_sent() -> None:
+    """Each chunk reaches the reader before the server sends the next."""
+    proceed = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n")
+        )
+        await proceed.wait()
+        writer.write(chunk(b"data: 2\n\n") + b"0\r\n\r\n")
+        await s.read_request(reader)  # keep the connection open
+
+    received = []
+    async with (
+        serving(stream) as server,
+        client() as http,
+        http.stream("POST", server.url + "/v1/x", content=b"{}") as response,
+    ):
+        async for data in response.aiter_raw():
+            received.append(data)
+            proceed.set()
+    assert received == [b"data: 1\n\n", b"data: 2\n\n"]
+
+
+@pytest.mark.anyio
+async def test_closing_a_response_before_its_end_closes_the_connection() -> None:
+    """The engine sees the disconnect (and aborts the request); the connection is
+    not reused."""
+
+    async def endless(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(chunk(b"data: token\n\n"))
+            await writer.drain()
+            if reader.at_eof():
+                s.closed.set()
+                return
+            await asyncio.sleep(0.01)
+
+    async with serving(endless) as server, client() as http:
+        async with http.stream("POST", server.url + "/v1/x", content=b"{}") as response:
+            async for _ in response.aiter_raw():
+                break
+        with anyio.fail_after(5):
+            await server.closed.wait()
+        async with http.stream("POST", server.url + "/v1/x", content=b"{}") as response:
+            async for _ in response.aiter_raw():
+                break
+    assert server.connections == 2
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_dies_mid_body_is_a_protocol_error() -> None:
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n")
+        )
+        await writer.drain()
+
+    received = []
+    async with (
+        serving(dies) as server,
+        client() as http,
+        http.stream("POST", server.url + "/v1/x", content=b"{}") as response,
+    ):
+        with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+            async for data in response.aiter_raw():
+                received.append(data)
+    assert received == [b"data: 1\n\n"]
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_closes_without_answering_is_a_protocol_error() -> None:
+    async def hangs_up(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+
+    async with serving(hangs_up) as server, client() as http:
+        with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+            await http.get(server.url + "/health")
+
+
+@pytest.mark.anyio
+async def test_an_answer_that_is_not_http_is_a_protocol_error() -> None:
+    async def garbage(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await reader.read()
+
+    async with serving(garbage) as server, client() as http:
+        with pytest.raises(httpx.RemoteProtocolError, match=r"not HTTP/1\.1"):
+            await http.get(server.url + "/health")
+
+
+@pytest.mark.anyio
+async def test_a_body_delimited_by_the_connections_end_is_whole() -> None:
+    async def until_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+
+    async with serving(until_close) as server, client() as http:
+        first = await http.get(server.url + "/metrics")
+        second = await http.get(server.url + "/metrics")
+    assert first.content == second.content == b"all of it"
+    assert server.connections == 2
+
+
+@pytest.mark.anyio
+async def test_a_kept_connection_the_engine_closed_meanwhile_is_not_used() -> None:
+    async def one_then_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()  # then closed, though it said keep-alive
+
+    async with serving(one_then_close) as server, client() as http:
+        assert (await http.get(server.url + "/health")).content == b"ok"
+        await asyncio.sleep(0.1)  # the close arrives
+        assert (await http.get(server.url + "/health")).content == b"ok"
+    assert server.connections == 2
+
+
+@pytest.mark.anyio
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    async with serving(keep_answering) as server:
+        url = server.url
+    async with client() as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(url + "/health")
+
+
+@pytest.mark.anyio
+async def test_silence_past_the_read_timeout_is_a_read_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(reader)
+        await reader.read()
+
+    async with serving(silent) as server, client() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get(server.url + "/health", timeout=httpx.Timeout(5, read=0.2))
+
+
+@pytest.mark.anyio
+async def test_a_large_body_crosses_whole_while_the_reader_is_slow() -> None:
+    """More than the high-water mark unread: reading pauses and resumes, nothing is
+    lost or reordered."""
+    payload = bytes(range(256)) * 40_000  # 10 MB
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload))
+        for i in range(0, len(payload), 65536):
+            writer.write(payload[i : i + 65536])
+            await writer.drain()
+        await s.read_request(reader)
+
+    async with (
+        serving(big) as server,
+        client() as http,
+        http.stream("GET", server.url + "/big") as response,
+    ):
+        await asyncio.sleep(0.2)  # let the backlog build
+        parts = [data async for data in response.aiter_raw()]
+    assert b"".join(parts) == payload
+
+
+@pytest.mark.anyio
+async def test_a_request_the_engine_does_not_read_is_a_write_timeout() -> None:
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await asyncio.sleep(10)
+
+    async with serving(deaf) as server, client() as http:
+        with pytest.raises(httpx.WriteTimeout):
+            await http.post(
+                server.url + "/v1/x", content=b"x" * 64_000_000, timeout=httpx.Timeout(5, write=0.3)
+            )
+
+
+@pytest.mark.anyio
+async def test_https_and_head_go_to_the_fallback() -> None:
+    seen: list[str] = []
+
+    def fallback(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url}")
+        return httpx.Response(204)
+
+    async with serving(keep_answering) as server, client(httpx.MockTransport(fallback)) as http:
+        assert (await http.get("https://engine.test/health")).status_code == 204
+        assert (await http.head(server.url + "/health")).status_code == 204
+    assert seen == ["GET https://engine.test/health", f"HEAD {server.url}/health"]
+    assert server.connections == 0
