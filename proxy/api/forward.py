@@ -403,9 +403,10 @@ class Forwarder:
             relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
             assembler = Assembler(chat=ticket.req.chat)
 
-            async def add(event: SSEEvent, assembler: Assembler = assembler) -> None:
-                if event.data is not None:
-                    assembler.add(event.data)
+            async def add(events: list[SSEEvent], assembler: Assembler = assembler) -> None:
+                for event in events:
+                    if event.data is not None:
+                        assembler.add(event.data)
 
             try:
                 await relay.pump(add)

@@ -27,8 +27,11 @@ from proxy.clock import Clock
 from proxy.engines import EngineTimeout
 from proxy.metrics import ProxyMetrics
 
-Deliver = Callable[[SSEEvent], Awaitable[None]]
-"""Where :meth:`Relay.pump` passes each event: the client's stream, or an assembler."""
+Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
+"""Where :meth:`Relay.pump` passes the events, one read's (at most :data:`BATCH`) at a
+time, in order: the client's stream, or an assembler."""
+BATCH = 32
+"""The most events passed on between two checkpoints (see :meth:`Relay.pump`)."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,15 @@ class Relay:
         then ``idle_s``) raises :class:`EngineTimeout`. One watchdog per stream keeps
         the timeout (:class:`~proxy.api.silence.Silence`), not a timer per read.
 
-        Each event is followed by a checkpoint. One read can bring hundreds of events
-        (a backlog, when the engine runs ahead of the proxy), and sending them to the
-        client never suspends while its socket takes them or once it is gone: without
-        the checkpoint the event loop would not run until the backlog was drained, so
-        a client's hang-up (and every other request) would wait that long.
+        The events of one read are passed on together, so a streaming client gets
+        them in one write: a proxy that falls behind its engines finds several events
+        waiting per read and pays one send for them, not one each. Each such batch
+        (at most :data:`BATCH` events) is followed by a checkpoint. One read can bring
+        hundreds of events (a backlog, when the engine runs ahead of the proxy), and
+        sending them to the client never suspends while its socket takes them or once
+        it is gone: without the checkpoint the event loop would not run until the
+        backlog was drained, so a client's hang-up (and every other request) would
+        wait that long.
         """
         timeouts = self.services.timeouts
         failed: list[Exception] = []
@@ -132,9 +139,18 @@ class Relay:
         silence.reading(self.services.timeouts.first_byte_s)
         async for chunk in chunks:
             silence.read()
-            for event in reader.feed(chunk):
-                observe(event)
-                await deliver(event)
+            events = reader.feed(chunk)
+            if len(events) > BATCH:
+                for start in range(0, len(events), BATCH):
+                    batch = events[start : start + BATCH]
+                    for event in batch:
+                        observe(event)
+                    await deliver(batch)
+                    await checkpoint()
+            elif events:
+                for event in events:
+                    observe(event)
+                await deliver(events)
                 await checkpoint()
             silence.reading(idle_s)
         silence.read()

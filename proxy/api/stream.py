@@ -4,8 +4,8 @@
 Every token passes through here, and ``StreamingResponse`` pulls each event out of
 an async generator (the relay's events, wrapped in one more) before it sends it;
 this response sends each event from the relay's own loop
-(:meth:`~proxy.api.relay.Relay.pump`), one ASGI message per event as before
-(docs/overhead.md, "The relay made cheaper").
+(:meth:`~proxy.api.relay.Relay.pump`), one ASGI message per upstream read (the
+events that read completed; docs/overhead.md, "The relay made cheaper").
 
 What it keeps from ``StreamingResponse``: the same status and headers
 (``text/event-stream; charset=utf-8`` and the caller's), a task that waits for
@@ -98,9 +98,15 @@ class RelayResponse(Response):
         client gone cancels this instead)."""
         include_usage = self.include_usage
 
-        async def deliver(event: SSEEvent) -> None:
-            if include_usage or not event.is_usage_only:
-                await send({"type": "http.response.body", "body": event.raw, "more_body": True})
+        async def deliver(events: list[SSEEvent]) -> None:
+            if len(events) == 1:
+                event = events[0]
+                if include_usage or not event.is_usage_only:
+                    await send({"type": "http.response.body", "body": event.raw, "more_body": True})
+                return
+            body = b"".join(e.raw for e in events if include_usage or not e.is_usage_only)
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
 
         relay = self.relay
         end = b""

@@ -12,7 +12,7 @@ import pytest
 from proxy.admission import Admission, Admitted
 from proxy.api.inputs import ChatRequest, StreamWish
 from proxy.api.prompts import PromptCount, PromptCounter
-from proxy.api.relay import Relay, Services, Ticket
+from proxy.api.relay import BATCH, Relay, Services, Ticket
 from proxy.api.sse import SSEEvent
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
@@ -46,14 +46,16 @@ def relay_of(body: bytes) -> tuple[Relay, Admission]:
     return Relay(ticket, Admitted.of(dispatch), response, services), admission
 
 
-async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() -> None:
-    """Hundreds of events in one read (the engine ran ahead of the proxy): other
-    tasks — a client's hang-up, other requests — run between every two of them."""
+async def test_a_backlog_read_at_once_is_passed_on_in_batches_with_other_tasks_between() -> None:
+    """Hundreds of events in one read (the engine ran ahead of the proxy): they are
+    passed on in order, at most ``BATCH`` at a time (one write each for a streaming
+    client), and other tasks — a client's hang-up, other requests — run between
+    every two batches."""
     pieces = [f" t{i}" for i in range(BACKLOG)]
     body = b"".join(completion_events(pieces))
     relay, _ = relay_of(body)
     ticks = 0
-    seen: list[int] = []
+    batches: list[tuple[int, list[SSEEvent]]] = []
 
     async def other_task() -> None:
         nonlocal ticks
@@ -65,13 +67,15 @@ async def test_a_backlog_read_at_once_lets_other_tasks_run_between_its_events() 
         group.start_soon(other_task)
         await anyio.lowlevel.checkpoint()
 
-        async def deliver(event: SSEEvent) -> None:
-            if event.has_token:
-                seen.append(ticks)
+        async def deliver(events: list[SSEEvent]) -> None:
+            batches.append((ticks, list(events)))
 
         await relay.pump(deliver)
         group.cancel_scope.cancel()
-    assert len(seen) == BACKLOG + 1  # the pieces and the empty finishing chunk
-    # The other task ran at least once between any two token events.
+    events = [event for _, batch in batches for event in batch]
+    assert b"".join(e.raw for e in events) == body  # all of it, in order
+    assert relay.stats.events == len(events) == BACKLOG + 3  # the usage chunk and [DONE]
+    assert [len(batch) for _, batch in batches] == [BATCH] * 6 + [BACKLOG + 3 - 6 * BATCH]
+    # The other task ran at least once between any two batches.
+    seen = [ticks for ticks, _ in batches]
     assert all(later > earlier for earlier, later in itertools.pairwise(seen))
-    assert relay.stats.events == BACKLOG + 3  # with the usage chunk and [DONE]
