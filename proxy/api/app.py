@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.auth import KeyGuard
@@ -52,7 +53,11 @@ def create_app(
             app.state.proxy = state
             yield
 
-    app = FastAPI(title="whoseturn", lifespan=lifespan)
+    # FastAPI's OpenTelemetry bridge is off: the proxy exports its own Prometheus
+    # metrics, and the bridge asks OpenTelemetry for its providers on every request
+    # (~5 % of a request's CPU, docs/overhead.md).
+    off: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="whoseturn", lifespan=lifespan, telemetry=off)
     install_error_handlers(app)
     app.add_middleware(KeyGuard, settings=settings)
     # An upload to the Files API has its own, larger limit (the route checks it too).

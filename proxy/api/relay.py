@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import httpx
 
 from proxy.admission import Admission, Admitted
@@ -102,8 +101,8 @@ class Relay:
     async def pump(self, deliver: Deliver) -> None:
         """Pass the engine's events to ``deliver`` as they complete; read errors
         propagate (httpx), and silence past the read's timeout (``first_byte_s``,
-        then ``idle_s``) raises :class:`EngineTimeout`. One watchdog per stream keeps
-        the timeout (:class:`~proxy.api.silence.Silence`), not a timer per read.
+        then ``idle_s``) raises :class:`EngineTimeout`. One timer per stream keeps
+        the timeout (:class:`~proxy.api.silence.Silence`), not one per read.
 
         The events of one read are passed on together, so a streaming client gets
         them in one write: a proxy that falls behind its engines finds several events
@@ -116,17 +115,8 @@ class Relay:
         wait that long.
         """
         timeouts = self.services.timeouts
-        failed: list[Exception] = []
-        async with anyio.create_task_group() as group:
-            silence = Silence(group.cancel_scope, min(timeouts.first_byte_s, timeouts.idle_s))
-            group.start_soon(silence.watch)
-            try:
-                await self._pump(deliver, silence)
-            except Exception as exc:  # re-raised below, outside the task group
-                failed.append(exc)
-            group.cancel_scope.cancel()
-        if failed:
-            raise failed[0]
+        with Silence(min(timeouts.first_byte_s, timeouts.idle_s)) as silence:
+            await self._pump(deliver, silence)
         if silence.expired:
             raise EngineTimeout(self.engine, f"the engine sent nothing for {silence.limit:g} s")
 
