@@ -47,7 +47,9 @@ same test :meth:`EngineState.holds_for_interactive` applies), and the budget loo
 once per interval (the earliest time one is due is kept). The batch pass takes jobs in
 arrival order as before, but reads the lines per model, stops reading a model once
 every engine serving it is blocked, and takes an engine's refusal of its first job
-from its turn unless the engine was marked.
+from its turn unless the engine was marked. A chat whose engines all take it goes to
+the least rank, read from a heap per model kept up to date by the marks
+(:class:`~proxy.scheduler.routing.LeastRank`), not from a walk over the engines.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.scheduler.aborts import DEFAULT_ABORT_LIMIT, choose_abort, may_abort
 from proxy.scheduler.queue import JobQueue
-from proxy.scheduler.routing import AffinityMap, pick_engine
+from proxy.scheduler.routing import AffinityMap, LeastRank, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
     Abort,
@@ -118,6 +120,9 @@ class Scheduler:
         self.affinity = AffinityMap()
         self._by_model: dict[str, list[EngineState]] = {}
         self._names_by_model: dict[str, frozenset[str]] = {}
+        # per model, its engines by rank; and each engine's rank as last given to them
+        self._least: dict[str, LeastRank] = {}
+        self._ranked: dict[str, tuple[int, int, str]] = {}
         self._index_models()
         # engines whose held reason is None (open to their first batch job, if any)
         self._unheld: set[str] = set(self.engines)
@@ -166,6 +171,8 @@ class Scheduler:
         self._names_by_model = {
             m: frozenset(e.name for e in es) for m, es in self._by_model.items()
         }
+        self._least = {m: LeastRank(es) for m, es in self._by_model.items()}
+        self._ranked = {n: e.rank for n, e in self.engines.items()}
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
@@ -236,12 +243,18 @@ class Scheduler:
 
     def _mark(self, name: str) -> None:
         """An event may have changed engine ``name``'s turn: re-evaluate it at the
-        event's end; whether it can take a chat is read again now."""
+        event's end; whether it can take a chat and its rank are read again now (every
+        change to an engine's work in flight is followed by a mark)."""
         self._dirty.add(name)
-        if self.engines[name].can_take_interactive():
+        engine = self.engines[name]
+        if engine.can_take_interactive():
             self._takes.add(name)
         else:
             self._takes.discard(name)
+        if engine.rank is not self._ranked.get(name):
+            self._ranked[name] = engine.rank
+            for model in engine.settings.models:
+                self._least[model].moved(engine)
 
     # -- decisions -------------------------------------------------------------
 
@@ -287,10 +300,18 @@ class Scheduler:
             )
             model = job.model
             engines = self._by_model.get(model, [])
-            if self._names_by_model.get(model, frozenset()) <= takes:
-                ready = engines
-            else:
-                ready = [e for e in engines if e.name in takes]
+            names = self._names_by_model.get(model, frozenset())
+            if engines and (len(takes) == len(self.engines) or names <= takes):
+                # every engine of the model takes a chat: the least rank is indexed
+                preferred = self.affinity.get(job.affinity)
+                other = self.engines[preferred] if preferred in names else None
+                best = self._least[model].least()
+                engine = with_affinity(best, other, job, self.settings.affinity_slack_tokens)
+                out.append(self._send(now, job, engine))
+                if queue.first_of_model(model) is None:
+                    del live[model]
+                continue
+            ready = [e for e in engines if e.name in takes]
             if ready:
                 preferred = self.affinity.get(job.affinity)
                 engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
