@@ -287,17 +287,15 @@ class Scheduler:
         queue = self.queues[TrafficClass.INTERACTIVE]
         if not len(queue):
             return []
-        models = queue.models()
-        if not all(queue.all_eligible(m) for m in models):
+        if not queue.none_excluding():
             self._chats_held_for.clear()  # held one by one: judged whole next time
             return self._each_chat(now)
         out: list[Dispatch] = []
-        live = dict.fromkeys(models)
+        live = dict.fromkeys(queue.models())
         takes = self._takes
         while live:
-            job = min(
-                (j for m in live if (j := queue.first_of_model(m)) is not None), key=queue.seq
-            )
+            job = queue.earliest_first(live)
+            assert job is not None  # a model stays live while it has a chat queued
             model = job.model
             engines = self._by_model.get(model, [])
             names = self._names_by_model.get(model, frozenset())
