@@ -133,6 +133,9 @@ class Scheduler:
         self._takes = {n for n, e in self.engines.items() if e.can_take_interactive()}
         # engines whose turn an event may have changed: re-evaluated at its end
         self._dirty: set[str] = set(self.engines)
+        # the refusals the batch pass read this event from marked engines, and of which
+        # job (their first): the turn at the event's end reads them (see _turn_of)
+        self._refused: dict[str, tuple[Job, HeldReason | None]] = {}
         # dispatch times of chats sent (engine named): when each stops holding batch
         self._holds: list[tuple[float, str]] = []
         self._budget_due = -math.inf  # no budget loop is due before this time
@@ -246,6 +249,7 @@ class Scheduler:
         event's end; whether it can take a chat and its rank are read again now (every
         change to an engine's work in flight is followed by a mark)."""
         self._dirty.add(name)
+        self._refused.pop(name, None)
         engine = self.engines[name]
         if engine.can_take_interactive():
             self._takes.add(name)
@@ -399,9 +403,13 @@ class Scheduler:
             # those, only marked ones and ones whose turn holds nothing may be open
             names = self._names_by_model[model]
             asked = ((dirty & names) | (self._unheld & names)) - blocked - excluded
-            refusals = {
-                n: self.engines[n].batch_refusal(job) if n in dirty else None for n in asked
-            }
+            refusals: dict[str, HeldReason | None] = {}
+            for n in asked:
+                if n in dirty:
+                    r = refusals[n] = self.engines[n].batch_refusal(job)
+                    self._refused[n] = (job, r)
+                else:
+                    refusals[n] = None
             open_ = [self.engines[n] for n, r in refusals.items() if r is None]
             if open_:
                 out.append(self._send(now, job, min(open_, key=_RANK)))
@@ -742,6 +750,7 @@ class Scheduler:
                     budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
                     if budget.tokens != before:
                         dirty.add(engine.name)
+                        self._refused.pop(engine.name, None)
                     if budget.tokens > before:
                         grown.add(engine.name)
                 due = min(due, budget.next_due())
@@ -758,6 +767,7 @@ class Scheduler:
             else:
                 self._unheld.discard(name)
         dirty.clear()
+        self._refused.clear()
 
     def _clear_stale_hold(self, engine: EngineState) -> None:
         """A budget that grew at the end of an event frees the job it held: the job no
@@ -775,7 +785,16 @@ class Scheduler:
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
         """The engine's turn, and why its first batch job is held: exactly what
         :meth:`EngineState.batch_refusal` says of that job (an interactive job still
-        queued is one every engine of its model refused: they are saturated)."""
+        queued is one every engine of its model refused: they are saturated).
+
+        The batch pass asked marked engines about their first job; the answer stands
+        while that job is still queued (the pass never queues a job ahead of it, and an
+        engine that gets work, or whose budget moves, is marked again, which drops it),
+        so the refusal is not worked out twice in one event."""
+        refused = self._refused.get(engine.name)
+        if refused is not None and refused[0].phase is Phase.QUEUED:
+            reason = refused[1]
+            return _TURN_OF_REASON[reason](engine), reason
         head = self._head_batch_job(engine)
         if head is not None:
             reason = engine.batch_refusal(head)
