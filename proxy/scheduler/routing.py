@@ -8,7 +8,6 @@ predicted wait is worse than the best by more than the slack.
 
 from __future__ import annotations
 
-import heapq
 import operator
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -75,39 +74,43 @@ class LeastRank:
     without a walk over them: what :func:`pick_engine` returns when all of them can
     take the job.
 
-    A heap of (rank, engine) entries. When an engine's rank changes the scheduler
-    calls :meth:`moved`, which pushes the new entry; the old one stays behind and is
-    dropped when it reaches the top (an entry is current while its rank is the very
-    tuple the engine holds: :meth:`EngineState._add_phase` makes a new one per
-    change). Ranks end with the engine's name, so no two compare equal and the
-    engines themselves are never compared. The heap is rebuilt from the engines when
-    stale entries make it several times their number, so it stays small."""
+    A tournament tree over the engines, in a flat list: the leaves are the engines,
+    each inner node holds the lesser-ranked of its two children, so the root holds
+    the least. When an engine's rank changes the scheduler calls :meth:`moved`, which
+    replays the matches on the leaf's path to the root (log2 of the engines: 6 for
+    64); reading the least is reading the root. Nothing is allocated per change, and
+    no entry goes stale. Ranks end with the engine's name, so no two compare equal and
+    the least is the one ``min`` over the engines' ranks gives."""
 
-    __slots__ = ("_engines", "_heap", "_limit")
+    __slots__ = ("_place", "_tree")
 
     def __init__(self, engines: Sequence[EngineState]) -> None:
-        self._engines = engines
-        self._limit = 8 * len(engines) + 64
-        self._heap: list[tuple[tuple[int, int, str], EngineState]] = []
-        self._rebuild()
+        leaves = 1
+        while leaves < len(engines):
+            leaves *= 2
+        self._place = {e.name: leaves + i for i, e in enumerate(engines)}
+        self._tree: list[EngineState | None] = [None] * leaves + list(engines)
+        self._tree += [None] * (2 * leaves - len(self._tree))
+        for node in range(leaves - 1, 0, -1):
+            self._play(node)
 
-    def _rebuild(self) -> None:
-        self._heap = [(e.rank, e) for e in self._engines]
-        heapq.heapify(self._heap)
+    def _play(self, node: int) -> None:
+        tree = self._tree
+        a, b = tree[2 * node], tree[2 * node + 1]
+        tree[node] = a if b is None or (a is not None and a.rank < b.rank) else b
 
     def moved(self, engine: EngineState) -> None:
         """``engine``'s rank changed (it must be one of the engines)."""
-        heapq.heappush(self._heap, (engine.rank, engine))
-        if len(self._heap) > self._limit:
-            self._rebuild()
+        node = self._place[engine.name] // 2
+        while node:
+            self._play(node)
+            node //= 2
 
     def least(self) -> EngineState:
-        """The engine of least rank (the engines must not be empty); drops the stale
-        entries above it."""
-        heap = self._heap
-        while heap[0][0] is not heap[0][1].rank:
-            heapq.heappop(heap)
-        return heap[0][1]
+        """The engine of least rank (the engines must not be empty)."""
+        best = self._tree[1]  # the root (with one engine, its leaf)
+        assert best is not None
+        return best
 
 
 _RANK = operator.attrgetter("rank")
