@@ -48,7 +48,7 @@ once per interval (the earliest time one is due is kept). The batch pass takes j
 arrival order as before, but reads the lines per model, stops reading a model once
 every engine serving it is blocked, and takes an engine's refusal of its first job
 from its turn unless the engine was marked. A chat whose engines all take it goes to
-the least rank, read from a heap per model kept up to date by the marks
+the least rank, read from a tournament tree per model kept up to date by the marks
 (:class:`~proxy.scheduler.routing.LeastRank`), not from a walk over the engines.
 """
 
@@ -414,13 +414,14 @@ class Scheduler:
             if open_:
                 out.append(self._send(now, job, min(open_, key=_RANK)))
                 continue
-            blocked |= names - excluded if excluded else names
             reason = refusals.get(first.name, first.held_reason)
             assert reason is not None
             self._hold(now, job, (first,), reason)
             kept[model] += 1
             if not excluded:
                 del kept[model]
+            if kept:  # (the last model read: no job is left for the engines it blocks)
+                blocked |= names - excluded if excluded else names
         return out
 
     def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:

@@ -101,9 +101,10 @@ class LeastRank:
 
     def moved(self, engine: EngineState) -> None:
         """``engine``'s rank changed (it must be one of the engines)."""
-        node = self._place[engine.name] // 2
-        while node:
-            self._play(node)
+        tree, node = self._tree, self._place[engine.name] // 2
+        while node:  # _play, inlined: it runs on every dispatch and finish
+            a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a if b is None or (a is not None and a.rank < b.rank) else b
             node //= 2
 
     def least(self) -> EngineState:
