@@ -236,7 +236,10 @@ class Scheduler:
 
     def _queued_chat(self, job: Job) -> None:
         if job.cls is TrafficClass.INTERACTIVE:
-            self._chats_fresh.setdefault(job.model, {})[job.id] = job
+            fresh = self._chats_fresh.get(job.model)
+            if fresh is None:  # (not setdefault: it would make a dict per call)
+                fresh = self._chats_fresh[job.model] = {}
+            fresh[job.id] = job
 
     def _mark_model(self, model: str, job: Job | None = None) -> None:
         """Mark the engines serving ``model`` (those ``job`` may go to)."""
