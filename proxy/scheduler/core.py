@@ -64,7 +64,12 @@ from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.config import EngineConfig
-from proxy.scheduler.aborts import DEFAULT_ABORT_LIMIT, choose_abort, may_abort
+from proxy.scheduler.aborts import (
+    DEFAULT_ABORT_LIMIT,
+    choose_abort,
+    longest_waiting,
+    may_abort,
+)
 from proxy.scheduler.queue import JobQueue
 from proxy.scheduler.routing import AffinityMap, LeastRank, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
@@ -485,12 +490,13 @@ class Scheduler:
         if not names:
             return []
         now = self.clock.now()
-        queued = list(self.queues[TrafficClass.INTERACTIVE])
+        asked = [e for n, e in self.engines.items() if n in names]
+        longest = longest_waiting(self.queues[TrafficClass.INTERACTIVE], asked)
         out: list[Abort] = []
-        for name, engine in self.engines.items():
-            if name not in names:
-                continue
-            waiting = engine.chats_in_prefill() + [j for j in queued if engine.eligible(j)]
+        for engine in asked:
+            waiting = engine.chats_in_prefill()
+            if (queued := longest.get(engine.name)) is not None:
+                waiting.append(queued)  # the only queued chat the rule can pick there
             abort = choose_abort(engine, waiting, now, limit)
             if abort is not None:
                 out.append(abort)
