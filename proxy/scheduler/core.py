@@ -57,7 +57,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -394,14 +393,14 @@ class Scheduler:
             if job is None:
                 break
             excluded = job.excluded
-            first = next(
-                (
-                    e
-                    for e in self._by_model.get(model, ())
-                    if e.name not in blocked and e.name not in excluded
-                ),
-                None,
-            )
+            engines = self._by_model.get(model, ())
+            if blocked or excluded:
+                first = next(
+                    (e for e in engines if e.name not in blocked and e.name not in excluded),
+                    None,
+                )
+            else:
+                first = engines[0] if engines else None
             if first is None:
                 kept[model] += 1
                 if not excluded:
@@ -410,19 +409,23 @@ class Scheduler:
             # the candidates are the model's engines neither blocked nor excluded; of
             # those, only marked ones and ones whose turn holds nothing may be open
             names = self._names_by_model[model]
-            asked = ((dirty & names) | (self._unheld & names)) - blocked - excluded
-            refusals: dict[str, HeldReason | None] = {}
+            asked = (dirty & names) | (self._unheld & names)
+            asked -= blocked
+            asked -= excluded
+            reason = first.held_reason  # why the first refuses, if it is not asked
+            best: EngineState | None = None  # the open engine of least rank
             for n in asked:
+                e, r = self.engines[n], None
                 if n in dirty:
-                    r = refusals[n] = self.engines[n].batch_refusal(job)
+                    r = e.batch_refusal(job)
                     self._refused[n] = (job, r)
-                else:
-                    refusals[n] = None
-            open_ = [self.engines[n] for n, r in refusals.items() if r is None]
-            if open_:
-                out.append(self._send(now, job, min(open_, key=_RANK)))
+                if e is first:
+                    reason = r
+                if r is None and (best is None or e.rank < best.rank):
+                    best = e
+            if best is not None:
+                out.append(self._send(now, job, best))
                 continue
-            reason = refusals.get(first.name, first.held_reason)
             assert reason is not None
             self._hold(now, job, (first,), reason)
             kept[model] += 1
@@ -814,9 +817,6 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
-
-
-_RANK = operator.attrgetter("rank")
 
 
 def _chat_held(engines: Iterable[EngineState]) -> HeldReason:
