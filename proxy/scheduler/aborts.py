@@ -35,7 +35,7 @@ sent last, then by id): one at a time, the rule asked again after each.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from proxy.scheduler.state import EngineState
 from proxy.scheduler.types import Abort, Job, Phase, TrafficClass
@@ -90,3 +90,29 @@ def choose_abort(
         if best is None or key > best[0]:
             best = (key, abort)
     return None if best is None else best[1]
+
+
+def longest_waiting(queued: Iterable[Job], engines: Sequence[EngineState]) -> dict[str, Job]:
+    """For each of ``engines`` (by name), the chat of ``queued`` (queued in the proxy)
+    it may take that has waited longest: least arrival, then id. It is the only queued
+    chat :func:`choose_abort` can pick there (a queued chat was never sent, so it is
+    behind every job in prefill), so one walk over the queue serves every engine
+    instead of one walk per engine. Engines with no such chat are left out."""
+    first: dict[str, Job] = {}  # per model, among chats any engine of it may take
+    bound: list[Job] = []  # chats some engine of their model may not take
+    for chat in queued:
+        if chat.excluded or chat.pinned is not None:
+            bound.append(chat)
+            continue
+        best = first.get(chat.model)
+        if best is None or (chat.arrival, chat.id) < (best.arrival, best.id):
+            first[chat.model] = chat
+    out: dict[str, Job] = {}
+    for engine in engines:
+        if engine.draining:
+            continue  # it takes no new work (EngineState.eligible)
+        mine = [first[m] for m in engine.settings.models if m in first]
+        mine += [c for c in bound if engine.eligible(c)]
+        if mine:
+            out[engine.name] = min(mine, key=lambda c: (c.arrival, c.id))
+    return out

@@ -47,7 +47,9 @@ same test :meth:`EngineState.holds_for_interactive` applies), and the budget loo
 once per interval (the earliest time one is due is kept). The batch pass takes jobs in
 arrival order as before, but reads the lines per model, stops reading a model once
 every engine serving it is blocked, and takes an engine's refusal of its first job
-from its turn unless the engine was marked.
+from its turn unless the engine was marked. A chat whose engines all take it goes to
+the least rank, read from a tournament tree per model kept up to date by the marks
+(:class:`~proxy.scheduler.routing.LeastRank`), not from a walk over the engines.
 """
 
 from __future__ import annotations
@@ -55,16 +57,20 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.clock import Clock
 from proxy.config import EngineConfig
-from proxy.scheduler.aborts import DEFAULT_ABORT_LIMIT, choose_abort, may_abort
+from proxy.scheduler.aborts import (
+    DEFAULT_ABORT_LIMIT,
+    choose_abort,
+    longest_waiting,
+    may_abort,
+)
 from proxy.scheduler.queue import JobQueue
-from proxy.scheduler.routing import AffinityMap, pick_engine
+from proxy.scheduler.routing import AffinityMap, LeastRank, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
     Abort,
@@ -118,6 +124,9 @@ class Scheduler:
         self.affinity = AffinityMap()
         self._by_model: dict[str, list[EngineState]] = {}
         self._names_by_model: dict[str, frozenset[str]] = {}
+        # per model, its engines by rank; and each engine's rank as last given to them
+        self._least: dict[str, LeastRank] = {}
+        self._ranked: dict[str, tuple[int, int, str]] = {}
         self._index_models()
         # engines whose held reason is None (open to their first batch job, if any)
         self._unheld: set[str] = set(self.engines)
@@ -128,6 +137,9 @@ class Scheduler:
         self._takes = {n for n, e in self.engines.items() if e.can_take_interactive()}
         # engines whose turn an event may have changed: re-evaluated at its end
         self._dirty: set[str] = set(self.engines)
+        # the refusals the batch pass read this event from marked engines, and of which
+        # job (their first): the turn at the event's end reads them (see _turn_of)
+        self._refused: dict[str, tuple[Job, HeldReason | None]] = {}
         # dispatch times of chats sent (engine named): when each stops holding batch
         self._holds: list[tuple[float, str]] = []
         self._budget_due = -math.inf  # no budget loop is due before this time
@@ -166,6 +178,8 @@ class Scheduler:
         self._names_by_model = {
             m: frozenset(e.name for e in es) for m, es in self._by_model.items()
         }
+        self._least = {m: LeastRank(es) for m, es in self._by_model.items()}
+        self._ranked = {n: e.rank for n, e in self.engines.items()}
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises :class:`UnknownModel` if no engine serves its model."""
@@ -226,7 +240,10 @@ class Scheduler:
 
     def _queued_chat(self, job: Job) -> None:
         if job.cls is TrafficClass.INTERACTIVE:
-            self._chats_fresh.setdefault(job.model, {})[job.id] = job
+            fresh = self._chats_fresh.get(job.model)
+            if fresh is None:  # (not setdefault: it would make a dict per call)
+                fresh = self._chats_fresh[job.model] = {}
+            fresh[job.id] = job
 
     def _mark_model(self, model: str, job: Job | None = None) -> None:
         """Mark the engines serving ``model`` (those ``job`` may go to)."""
@@ -236,12 +253,19 @@ class Scheduler:
 
     def _mark(self, name: str) -> None:
         """An event may have changed engine ``name``'s turn: re-evaluate it at the
-        event's end; whether it can take a chat is read again now."""
+        event's end; whether it can take a chat and its rank are read again now (every
+        change to an engine's work in flight is followed by a mark)."""
         self._dirty.add(name)
-        if self.engines[name].can_take_interactive():
+        self._refused.pop(name, None)
+        engine = self.engines[name]
+        if engine.can_take_interactive():
             self._takes.add(name)
         else:
             self._takes.discard(name)
+        if engine.rank is not self._ranked.get(name):
+            self._ranked[name] = engine.rank
+            for model in engine.settings.models:
+                self._least[model].moved(engine)
 
     # -- decisions -------------------------------------------------------------
 
@@ -274,23 +298,29 @@ class Scheduler:
         queue = self.queues[TrafficClass.INTERACTIVE]
         if not len(queue):
             return []
-        models = queue.models()
-        if not all(queue.all_eligible(m) for m in models):
+        if not queue.none_excluding():
             self._chats_held_for.clear()  # held one by one: judged whole next time
             return self._each_chat(now)
         out: list[Dispatch] = []
-        live = dict.fromkeys(models)
+        live = dict.fromkeys(queue.models())
         takes = self._takes
         while live:
-            job = min(
-                (j for m in live if (j := queue.first_of_model(m)) is not None), key=queue.seq
-            )
+            job = queue.earliest_first(live)
+            assert job is not None  # a model stays live while it has a chat queued
             model = job.model
             engines = self._by_model.get(model, [])
-            if self._names_by_model.get(model, frozenset()) <= takes:
-                ready = engines
-            else:
-                ready = [e for e in engines if e.name in takes]
+            names = self._names_by_model.get(model, frozenset())
+            if engines and (len(takes) == len(self.engines) or names <= takes):
+                # every engine of the model takes a chat: the least rank is indexed
+                preferred = self.affinity.get(job.affinity)
+                other = self.engines[preferred] if preferred in names else None
+                best = self._least[model].least()
+                engine = with_affinity(best, other, job, self.settings.affinity_slack_tokens)
+                out.append(self._send(now, job, engine))
+                if queue.first_of_model(model) is None:
+                    del live[model]
+                continue
+            ready = [e for e in engines if e.name in takes]
             if ready:
                 preferred = self.affinity.get(job.affinity)
                 engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
@@ -363,14 +393,14 @@ class Scheduler:
             if job is None:
                 break
             excluded = job.excluded
-            first = next(
-                (
-                    e
-                    for e in self._by_model.get(model, ())
-                    if e.name not in blocked and e.name not in excluded
-                ),
-                None,
-            )
+            engines = self._by_model.get(model, ())
+            if blocked or excluded:
+                first = next(
+                    (e for e in engines if e.name not in blocked and e.name not in excluded),
+                    None,
+                )
+            else:
+                first = engines[0] if engines else None
             if first is None:
                 kept[model] += 1
                 if not excluded:
@@ -379,21 +409,30 @@ class Scheduler:
             # the candidates are the model's engines neither blocked nor excluded; of
             # those, only marked ones and ones whose turn holds nothing may be open
             names = self._names_by_model[model]
-            asked = ((dirty & names) | (self._unheld & names)) - blocked - excluded
-            refusals = {
-                n: self.engines[n].batch_refusal(job) if n in dirty else None for n in asked
-            }
-            open_ = [self.engines[n] for n, r in refusals.items() if r is None]
-            if open_:
-                out.append(self._send(now, job, min(open_, key=_RANK)))
+            asked = (dirty & names) | (self._unheld & names)
+            asked -= blocked
+            asked -= excluded
+            reason = first.held_reason  # why the first refuses, if it is not asked
+            best: EngineState | None = None  # the open engine of least rank
+            for n in asked:
+                e, r = self.engines[n], None
+                if n in dirty:
+                    r = e.batch_refusal(job)
+                    self._refused[n] = (job, r)
+                if e is first:
+                    reason = r
+                if r is None and (best is None or e.rank < best.rank):
+                    best = e
+            if best is not None:
+                out.append(self._send(now, job, best))
                 continue
-            blocked |= names - excluded if excluded else names
-            reason = refusals.get(first.name, first.held_reason)
             assert reason is not None
             self._hold(now, job, (first,), reason)
             kept[model] += 1
             if not excluded:
                 del kept[model]
+            if kept:  # (the last model read: no job is left for the engines it blocks)
+                blocked |= names - excluded if excluded else names
         return out
 
     def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:
@@ -454,12 +493,13 @@ class Scheduler:
         if not names:
             return []
         now = self.clock.now()
-        queued = list(self.queues[TrafficClass.INTERACTIVE])
+        asked = [e for n, e in self.engines.items() if n in names]
+        longest = longest_waiting(self.queues[TrafficClass.INTERACTIVE], asked)
         out: list[Abort] = []
-        for name, engine in self.engines.items():
-            if name not in names:
-                continue
-            waiting = engine.chats_in_prefill() + [j for j in queued if engine.eligible(j)]
+        for engine in asked:
+            waiting = engine.chats_in_prefill()
+            if (queued := longest.get(engine.name)) is not None:
+                waiting.append(queued)  # the only queued chat the rule can pick there
             abort = choose_abort(engine, waiting, now, limit)
             if abort is not None:
                 out.append(abort)
@@ -723,6 +763,7 @@ class Scheduler:
                     budget.update(now, batch_waiting=reason is HeldReason.PREFILL_BUDGET)
                     if budget.tokens != before:
                         dirty.add(engine.name)
+                        self._refused.pop(engine.name, None)
                     if budget.tokens > before:
                         grown.add(engine.name)
                 due = min(due, budget.next_due())
@@ -739,6 +780,7 @@ class Scheduler:
             else:
                 self._unheld.discard(name)
         dirty.clear()
+        self._refused.clear()
 
     def _clear_stale_hold(self, engine: EngineState) -> None:
         """A budget that grew at the end of an event frees the job it held: the job no
@@ -756,7 +798,16 @@ class Scheduler:
     def _turn_of(self, engine: EngineState) -> tuple[Turn, HeldReason | None]:
         """The engine's turn, and why its first batch job is held: exactly what
         :meth:`EngineState.batch_refusal` says of that job (an interactive job still
-        queued is one every engine of its model refused: they are saturated)."""
+        queued is one every engine of its model refused: they are saturated).
+
+        The batch pass asked marked engines about their first job; the answer stands
+        while that job is still queued (the pass never queues a job ahead of it, and an
+        engine that gets work, or whose budget moves, is marked again, which drops it),
+        so the refusal is not worked out twice in one event."""
+        refused = self._refused.get(engine.name)
+        if refused is not None and refused[0].phase is Phase.QUEUED:
+            reason = refused[1]
+            return _TURN_OF_REASON[reason](engine), reason
         head = self._head_batch_job(engine)
         if head is not None:
             reason = engine.batch_refusal(head)
@@ -766,9 +817,6 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
-
-
-_RANK = operator.attrgetter("rank")
 
 
 def _chat_held(engines: Iterable[EngineState]) -> HeldReason:

@@ -113,6 +113,22 @@ class JobQueue:
         line = self._models.get(model)
         return line.first() if line is not None else None
 
+    def none_excluding(self) -> bool:
+        """Whether :meth:`all_eligible` holds for every model (no queued job has failed
+        somewhere): one counter, not a walk over the models."""
+        return self._all.excluding == 0
+
+    def earliest_first(self, models: Iterable[str]) -> Job | None:
+        """The earliest of the first jobs of ``models``; None if none is queued."""
+        best: Job | None = None
+        best_seq = 0
+        for model in models:
+            line = self._models.get(model)
+            job = line.first() if line is not None else None
+            if job is not None and (best is None or self._seq[job.id] < best_seq):
+                best, best_seq = job, self._seq[job.id]
+        return best
+
     def all_eligible(self, model: str) -> bool:
         """Whether every queued job of ``model`` may go to any engine serving it (none
         has failed somewhere), so the line's first job is every such engine's first."""
@@ -124,6 +140,8 @@ class JobQueue:
         line = self._models.get(model)
         if line is None:
             return None
+        if n == 0:
+            return line.first()
         return next(itertools.islice(line, n, None), None)
 
     def first_for(self, name: str, models: Iterable[str]) -> Job | None:

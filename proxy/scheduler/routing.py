@@ -52,13 +52,66 @@ def pick_engine(
     engine, so the least wait is the least :attr:`EngineState.rank` (prefill tokens,
     jobs in flight, name), a counter read per engine."""
     best = min(candidates, key=_RANK)
-    if preferred is not None and preferred != best.name:
-        for engine in candidates:
-            if engine.name == preferred:
-                if predicted_wait(engine, job) <= predicted_wait(best, job) + slack_tokens:
-                    return engine
-                break
-    return best
+    if preferred is None or preferred == best.name:
+        return best
+    other = next((e for e in candidates if e.name == preferred), None)
+    return with_affinity(best, other, job, slack_tokens)
+
+
+def with_affinity(
+    best: EngineState, preferred: EngineState | None, job: Job, slack_tokens: int
+) -> EngineState:
+    """``preferred`` (the conversation's engine, if it can take ``job``) when its
+    predicted wait is within the slack of ``best``'s, else ``best``."""
+    if preferred is None or preferred is best:
+        return best
+    close = predicted_wait(preferred, job) <= predicted_wait(best, job) + slack_tokens
+    return preferred if close else best
+
+
+class LeastRank:
+    """The engine of least :attr:`~EngineState.rank` among ``engines`` (one model's),
+    without a walk over them: what :func:`pick_engine` returns when all of them can
+    take the job.
+
+    A tournament tree over the engines, in a flat list: the leaves are the engines,
+    each inner node holds the lesser-ranked of its two children, so the root holds
+    the least. When an engine's rank changes the scheduler calls :meth:`moved`, which
+    replays the matches on the leaf's path to the root (log2 of the engines: 6 for
+    64); reading the least is reading the root. Nothing is allocated per change, and
+    no entry goes stale. Ranks end with the engine's name, so no two compare equal and
+    the least is the one ``min`` over the engines' ranks gives."""
+
+    __slots__ = ("_place", "_tree")
+
+    def __init__(self, engines: Sequence[EngineState]) -> None:
+        leaves = 1
+        while leaves < len(engines):
+            leaves *= 2
+        self._place = {e.name: leaves + i for i, e in enumerate(engines)}
+        self._tree: list[EngineState | None] = [None] * leaves + list(engines)
+        self._tree += [None] * (2 * leaves - len(self._tree))
+        for node in range(leaves - 1, 0, -1):
+            self._play(node)
+
+    def _play(self, node: int) -> None:
+        tree = self._tree
+        a, b = tree[2 * node], tree[2 * node + 1]
+        tree[node] = a if b is None or (a is not None and a.rank < b.rank) else b
+
+    def moved(self, engine: EngineState) -> None:
+        """``engine``'s rank changed (it must be one of the engines)."""
+        tree, node = self._tree, self._place[engine.name] // 2
+        while node:  # _play, inlined: it runs on every dispatch and finish
+            a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a if b is None or (a is not None and a.rank < b.rank) else b
+            node //= 2
+
+    def least(self) -> EngineState:
+        """The engine of least rank (the engines must not be empty)."""
+        best = self._tree[1]  # the root (with one engine, its leaf)
+        assert best is not None
+        return best
 
 
 _RANK = operator.attrgetter("rank")

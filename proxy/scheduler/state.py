@@ -215,11 +215,13 @@ class EngineState:
     def interactive_holding(self) -> bool:
         """Whether this replica's own chat, dispatched within the hold timeout, is in
         prefill here."""
-        r, now = self.rules, self._events.now
-        return any(
-            now - (j.dispatched_at if j.dispatched_at is not None else now) < r.hold_timeout_s
-            for j in self._chats_in_prefill.values()
-        )
+        timeout, now = self.rules.hold_timeout_s, self._events.now
+        # newest first: the chat sent last is the likeliest to hold (a loop, not any()
+        # over a generator: this runs in every refusal)
+        for j in reversed(self._chats_in_prefill.values()):
+            if now - (j.dispatched_at if j.dispatched_at is not None else now) < timeout:
+                return True
+        return False
 
     def holds_for_interactive(self, head: Job | None = None) -> bool:
         """Whether interactive work holds batch here (its first job ``head``): a chat

@@ -86,10 +86,10 @@ class Job:
     aborts: int = 0  # times it was aborted in prefill and requeued
 
 
-@dataclass(frozen=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     """Send ``job`` to ``engine`` now: its ``attempt`` (0 first, then one per
-    requeue after a failure), dispatched ``at`` (clock time)."""
+    requeue after a failure), dispatched ``at`` (clock time). A named tuple, as
+    :class:`Decision` is: every dispatch makes one."""
 
     job: Job
     engine: str

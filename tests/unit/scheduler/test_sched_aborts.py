@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.scheduler import Abort, HoldRules, Job, Phase, Scheduler
-from proxy.scheduler.aborts import choose_abort, may_abort, remaining_prefill
+from proxy.config import EngineConfig
+from proxy.scheduler import Abort, EngineState, HoldRules, Job, Phase, Scheduler
+from proxy.scheduler.aborts import choose_abort, longest_waiting, may_abort, remaining_prefill
 
 from .helpers import B, I, check_accounting, check_turns, engine, make, sent
 
@@ -324,3 +325,46 @@ def test_aborts_over_random_events_lose_no_job_and_keep_the_limit(
     assert all(d.abort is not None and d.abort.job_id == d.job_id for d in cut)
     for j in seen:
         assert sum(1 for d in cut if d.job_id == j.id) == j.aborts
+
+
+# -- the queued chat the rule reads (one walk for every engine) ------------------
+
+
+@given(
+    chats=st.lists(
+        st.tuples(
+            st.sampled_from(["m", "n"]),
+            st.integers(0, 5),  # arrival (ties broken by id)
+            st.sampled_from([None, "a", "b", "c"]),  # excluded
+            st.sampled_from([None, None, "a", "b"]),  # pinned
+        ),
+        max_size=12,
+    ),
+    draining=st.sampled_from([None, "a", "b", "c"]),
+)
+def test_longest_waiting_is_the_least_arrival_each_engine_may_take(
+    chats: list[tuple[str, int, str | None, str | None]], draining: str | None
+) -> None:
+    engines = [
+        EngineState(EngineConfig(name=n, models=frozenset(ms)), 0.0)
+        for n, ms in (("a", {"m"}), ("b", {"m", "n"}), ("c", {"n"}))
+    ]
+    for e in engines:
+        e.draining = e.name == draining
+    queued = [
+        Job(
+            id=f"c{9 - i}",  # ids not in queue order
+            cls=I,
+            model=model,
+            prompt_tokens=10,
+            arrival=float(at),
+            excluded={ex} if ex else set(),
+            pinned=pin,
+        )
+        for i, (model, at, ex, pin) in enumerate(chats)
+    ]
+    longest = longest_waiting(queued, engines)
+    for e in engines:
+        mine = [j for j in queued if e.eligible(j)]
+        expected = min(mine, key=lambda j: (j.arrival, j.id)) if mine else None
+        assert longest.get(e.name) is expected

@@ -356,6 +356,9 @@ def check_routing(
                 event("routed by affinity")
             else:
                 assert prefill[d.engine] + j.prompt_tokens == best, (j, prefill)
+                # ties go to fewer jobs in flight, then the name (EngineState.rank)
+                least = min(ready, key=lambda n: (prefill[n], inflight[n], n))
+                assert d.engine == least, (j, least, prefill, inflight)
         if j.affinity:
             affinity[j.affinity] = d.engine
         prefill[d.engine] += j.prompt_tokens
