@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from proxy.admission import Admitted, Closed
 from proxy.api.aborts import Windows
 from proxy.api.assemble import Assembler
+from proxy.api.disconnect import ClientGone, until_disconnect
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
@@ -63,34 +64,6 @@ T = TypeVar("T")
 ANSWERED_LATELY_S = 10.0
 """A connect timeout on an engine that answered within this long is the proxy's own
 delay: the connection is tried once more, and the engine is not ejected."""
-
-
-class ClientGone(Exception):
-    """The client disconnected while the proxy was working on its request."""
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client hangs up first (then it is cancelled)."""
-    box: list[T] = []
-    failed: list[Exception] = []
-    async with anyio.create_task_group() as group:
-
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        try:
-            box.append(await work)
-        except Exception as exc:  # re-raised below, outside the task group
-            failed.append(exc)
-        group.cancel_scope.cancel()
-    if failed:
-        raise failed[0]
-    if not box:
-        raise ClientGone
-    return box[0]
 
 
 @dataclass
@@ -143,9 +116,9 @@ class Forwarder:
         ticket = Ticket(self._job_id(request), req, arrival, count)
         try:
             if req.wish.stream:
-                opened = await until_disconnect(request, self._open(ticket))
+                opened = await until_disconnect(request.receive, self._open(ticket))
                 return self._stream(ticket, opened)
-            return await until_disconnect(request, self._answer(ticket))
+            return await until_disconnect(request.receive, self._answer(ticket))
         except PassThrough as exc:
             return exc.response()
         except ClientGone:

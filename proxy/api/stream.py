@@ -26,6 +26,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.api.disconnect import cancelled_on_disconnect
 from proxy.api.relay import Relay
 from proxy.api.sse import SSEEvent, sse_error
 from proxy.engines import EngineMonitor, UpstreamError, map_stream_error
@@ -79,17 +80,9 @@ class RelayResponse(Response):
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         self.started = True
-        failed: list[Exception] = []
         whole = False
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
-            try:
-                whole = await self._relay(send)
-            except Exception as exc:  # re-raised below, outside the task group
-                failed.append(exc)
-            group.cancel_scope.cancel()
-        if failed:
-            raise failed[0]
+        with cancelled_on_disconnect(receive):
+            whole = await self._relay(send)
         if whole and self.background is not None:
             await self.background()
 
@@ -145,10 +138,3 @@ async def close_shielded(stack: AsyncExitStack) -> None:
     caller is being cancelled."""
     with anyio.CancelScope(shield=True):
         await stack.aclose()
-
-
-async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    """Wait for the client's ``http.disconnect``, then cancel ``scope``."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()

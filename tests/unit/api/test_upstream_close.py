@@ -59,8 +59,10 @@ async def test_a_client_that_leaves_before_the_first_read_closes_the_upstream() 
         received += 1
         if received == 1:
             return {"type": "http.request", "body": body, "more_body": False}
-        if received == 2:  # the proxy waits for the turn and opens the upstream
-            await anyio.sleep_forever()
+        # The client leaves once the answer has begun, before the engine sent a byte
+        # (while the proxy waits for the turn and opens the upstream, it stays).
+        while not any(message["type"] == "http.response.start" for message in sent):
+            await anyio.sleep(0.001)
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
