@@ -106,13 +106,17 @@ class Relay:
 
         The events of one read are passed on together, so a streaming client gets
         them in one write: a proxy that falls behind its engines finds several events
-        waiting per read and pays one send for them, not one each. Each such batch
-        (at most :data:`BATCH` events) is followed by a checkpoint. One read can bring
-        hundreds of events (a backlog, when the engine runs ahead of the proxy), and
-        sending them to the client never suspends while its socket takes them or once
-        it is gone: without the checkpoint the event loop would not run until the
+        waiting per read and pays one send for them, not one each.
+
+        A checkpoint follows every :data:`BATCH` events at the latest. One read can
+        bring hundreds of events (a backlog, when the engine runs ahead of the proxy),
+        and sending them to the client never suspends while its socket takes them or
+        once it is gone: without the checkpoint the event loop would not run until the
         backlog was drained, so a client's hang-up (and every other request) would
-        wait that long.
+        wait that long. A read of a few events needs none of its own: the next read
+        waits for the engine (the loop runs then) unless the engine is ahead, and then
+        the events add up to a checkpoint soon. (A checkpoint after every read cost a
+        turn of the event loop per token: docs/overhead.md.)
         """
         timeouts = self.services.timeouts
         with Silence(min(timeouts.first_byte_s, timeouts.idle_s)) as silence:
@@ -126,6 +130,7 @@ class Relay:
         checkpoint = fast_checkpoint()
         observe = self._observe
         idle_s = self.services.timeouts.idle_s
+        unchecked = 0  # events passed on since the last checkpoint
         silence.reading(self.services.timeouts.first_byte_s)
         async for chunk in chunks:
             silence.read()
@@ -141,7 +146,10 @@ class Relay:
                 for event in events:
                     observe(event)
                 await deliver(events)
-                await checkpoint()
+                unchecked += len(events)
+                if unchecked >= BATCH:
+                    await checkpoint()
+                    unchecked = 0
             silence.reading(idle_s)
         silence.read()
 
