@@ -107,17 +107,33 @@ def prompt_text(body: Json, chat: bool | None = None) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
+LEAD_CHARS = 1024
+"""How much of a prompt, or of each leading message's text, the affinity key hashes."""
+
+
 def affinity_key(body: Json, text: str) -> str:
-    """A conversation's key: its ``user``, else a hash of its leading messages or of
-    the start of its prompt ``text``."""
+    """A conversation's key: its ``user``, else a hash of its two leading messages
+    (the start of each one's text) or of the start of its prompt ``text``.
+
+    Only the start of each text: conversations that share their first
+    :data:`LEAD_CHARS` characters share the engine's cached prefix too, and
+    serialising and hashing a whole 100,000-character message was ~0.4 ms of a
+    request (docs/overhead.md)."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return f"user:{user}"
-    if isinstance(body.get("messages"), list):
-        lead = json.dumps(body["messages"][:2], sort_keys=True, default=str)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        lead = json.dumps([_lead(m) for m in messages[:2]], sort_keys=True, default=str)
     else:
-        lead = text[:1024]
+        lead = text[:LEAD_CHARS]
     return "lead:" + hashlib.sha1(lead.encode(), usedforsecurity=False).hexdigest()
+
+
+def _lead(message: Any) -> Any:
+    if not isinstance(message, dict):
+        return message
+    return {k: v[:LEAD_CHARS] if isinstance(v, str) else v for k, v in message.items()}
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,11 @@ def test_affinity_follows_the_leading_messages() -> None:
     assert key(chat("sys", "q1", "a1", "q2")) == first  # the same conversation
     assert key(chat("sys", "other")) != first
     assert key(chat("sys", "q1", user="")) == first  # an empty user is no user
+    # the start of each leading message's text: a long shared start is one prefix
+    long = "s" * 5000
+    assert key(chat(long, "q1")) == key(chat(long + "tail", "q1"))
+    assert key(chat(long, "q1")) != key(chat(long, "q2"))
+    assert key(chat("sys", "q1")) != key(chat("user", "q1"))
 
 
 def test_affinity_of_prompts() -> None:

@@ -17,6 +17,7 @@ from proxy.engines import (
     UpstreamError,
     map_stream_error,
 )
+from proxy.engines._client import json_bytes
 
 from .helpers import FakeEngines, SlowStream, answer, engine_config, refuse
 
@@ -166,3 +167,17 @@ def test_map_stream_error() -> None:
     already = EngineUnavailable("b", "refused")
     assert map_stream_error("a", already) is already
     assert isinstance(map_stream_error("a", already), UpstreamError)
+
+
+def test_the_upstream_body_is_what_httpx_json_would_send() -> None:
+    """Compact UTF-8 JSON of the same value, including what orjson cannot encode (an
+    integer beyond 64 bits). (Floats may be spelt differently: 1e-7 for 1e-07.)"""
+    bodies: list[dict[str, object]] = [
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]},
+        {"prompt": "naïve café ☕ 𝄞", "temperature": 0.1, "top_p": 1e-7, "n": 2, "stop": None},
+        {"seed": 2**70, "logit_bias": {"50256": -100}, "nested": [[1.5, True], {}]},
+    ]
+    for body in bodies:
+        assert json.loads(json_bytes(body)) == body
+    assert json_bytes({"a": [1, "é"]}) == '{"a":[1,"é"]}'.encode()
+    assert json_bytes({"seed": 2**70}) == b'{"seed":1180591620717411303424}'
