@@ -309,18 +309,12 @@ class _Connection(asyncio.Protocol):
         self._wake_drain()
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        _resolve(self._waiter)
+        self._waiter = None
 
     def _wake_drain(self) -> None:
-        drained = self._drained
-        if drained is not None:
-            self._drained = None
-            if not drained.done():
-                drained.set_result(None)
+        _resolve(self._drained)
+        self._drained = None
 
 
 class _ResponseBody(httpx.AsyncByteStream):
@@ -362,6 +356,11 @@ class _ResponseBody(httpx.AsyncByteStream):
             self._transport.release(self._origin, connection)
         else:
             connection.close()
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _request_head(request: httpx.Request) -> bytes:

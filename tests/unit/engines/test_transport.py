@@ -17,7 +17,7 @@ import pytest
 
 from proxy.engines._transport import PlainHTTPTransport
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
+Handler = Callable[["Peer"], Awaitable[None]]
 
 
 @pytest.fixture(
@@ -56,6 +56,32 @@ class Server:
         return True
 
 
+@dataclass
+class Peer:
+    """The server's side of one connection."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    server: Server
+
+    async def request(self) -> bool:
+        return await self.server.read_request(self.reader)
+
+
+def answer_once(data: bytes, *, then_wait: bool = False) -> Handler:
+    """A handler that reads one request, writes ``data`` (maybe nothing), then closes
+    the connection, or with ``then_wait`` waits for the client to close it."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        peer.writer.write(data)
+        await peer.writer.drain()
+        if then_wait:
+            await peer.reader.read()
+
+    return handler
+
+
 @asynccontextmanager
 async def serving(handler: Handler) -> AsyncIterator[Server]:
     server = Server()
@@ -63,7 +89,7 @@ async def serving(handler: Handler) -> AsyncIterator[Server]:
     async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server.connections += 1
         try:
-            await handler(reader, writer, server)
+            await handler(Peer(reader, writer, server))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -90,13 +116,11 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def keep_answering(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-) -> None:
-    while await s.read_request(reader):
-        body = b"hello " + s.requests[-1][2]
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        await writer.drain()
+async def keep_answering(peer: Peer) -> None:
+    while await peer.request():
+        body = b"hello " + peer.server.requests[-1][2]
+        peer.writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await peer.writer.drain()
 
 
 @pytest.mark.anyio
@@ -120,14 +144,14 @@ async def test_a_chunked_stream_is_read_as_it_is_sent() -> None:
     """Each chunk reaches the reader before the server sends the next."""
     proceed = asyncio.Event()
 
-    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
-        await s.read_request(reader)
-        writer.write(
+    async def stream(peer: Peer) -> None:
+        await peer.request()
+        peer.writer.write(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n")
         )
         await proceed.wait()
-        writer.write(chunk(b"data: 2\n\n") + b"0\r\n\r\n")
-        await s.read_request(reader)  # keep the connection open
+        peer.writer.write(chunk(b"data: 2\n\n") + b"0\r\n\r\n")
+        await peer.request()  # keep the connection open
 
     received = []
     async with (
@@ -146,16 +170,14 @@ async def test_closing_a_response_before_its_end_closes_the_connection() -> None
     """The engine sees the disconnect (and aborts the request); the connection is
     not reused."""
 
-    async def endless(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-    ) -> None:
-        await s.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    async def endless(peer: Peer) -> None:
+        await peer.request()
+        peer.writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         while True:
-            writer.write(chunk(b"data: token\n\n"))
-            await writer.drain()
-            if reader.at_eof():
-                s.closed.set()
+            peer.writer.write(chunk(b"data: token\n\n"))
+            await peer.writer.drain()
+            if peer.reader.at_eof():
+                peer.server.closed.set()
                 return
             await asyncio.sleep(0.01)
 
@@ -173,12 +195,12 @@ async def test_closing_a_response_before_its_end_closes_the_connection() -> None
 
 @pytest.mark.anyio
 async def test_an_engine_that_dies_mid_body_is_a_protocol_error() -> None:
-    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
-        await s.read_request(reader)
-        writer.write(
+    async def dies(peer: Peer) -> None:
+        await peer.request()
+        peer.writer.write(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n")
         )
-        await writer.drain()
+        await peer.writer.drain()
 
     received = []
     async with (
@@ -194,25 +216,14 @@ async def test_an_engine_that_dies_mid_body_is_a_protocol_error() -> None:
 
 @pytest.mark.anyio
 async def test_an_engine_that_closes_without_answering_is_a_protocol_error() -> None:
-    async def hangs_up(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-    ) -> None:
-        await s.read_request(reader)
-
-    async with serving(hangs_up) as server, client() as http:
+    async with serving(answer_once(b"")) as server, client() as http:
         with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
             await http.get(server.url + "/health")
 
 
 @pytest.mark.anyio
 async def test_an_answer_that_is_not_http_is_a_protocol_error() -> None:
-    async def garbage(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-    ) -> None:
-        await s.read_request(reader)
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await reader.read()
-
+    garbage = answer_once(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", then_wait=True)
     async with serving(garbage) as server, client() as http:
         with pytest.raises(httpx.RemoteProtocolError, match=r"not HTTP/1\.1"):
             await http.get(server.url + "/health")
@@ -220,12 +231,7 @@ async def test_an_answer_that_is_not_http_is_a_protocol_error() -> None:
 
 @pytest.mark.anyio
 async def test_a_body_delimited_by_the_connections_end_is_whole() -> None:
-    async def until_close(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-    ) -> None:
-        await s.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
-
+    until_close = answer_once(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
     async with serving(until_close) as server, client() as http:
         first = await http.get(server.url + "/metrics")
         second = await http.get(server.url + "/metrics")
@@ -235,13 +241,8 @@ async def test_a_body_delimited_by_the_connections_end_is_whole() -> None:
 
 @pytest.mark.anyio
 async def test_a_kept_connection_the_engine_closed_meanwhile_is_not_used() -> None:
-    async def one_then_close(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
-    ) -> None:
-        await s.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()  # then closed, though it said keep-alive
-
+    # then closed, though it said keep-alive
+    one_then_close = answer_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
     async with serving(one_then_close) as server, client() as http:
         assert (await http.get(server.url + "/health")).content == b"ok"
         await asyncio.sleep(0.1)  # the close arrives
@@ -260,11 +261,7 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
 
 @pytest.mark.anyio
 async def test_silence_past_the_read_timeout_is_a_read_timeout() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
-        await s.read_request(reader)
-        await reader.read()
-
-    async with serving(silent) as server, client() as http:
+    async with serving(answer_once(b"", then_wait=True)) as server, client() as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.get(server.url + "/health", timeout=httpx.Timeout(5, read=0.2))
 
@@ -275,13 +272,13 @@ async def test_a_large_body_crosses_whole_while_the_reader_is_slow() -> None:
     lost or reordered."""
     payload = bytes(range(256)) * 40_000  # 10 MB
 
-    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
-        await s.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload))
+    async def big(peer: Peer) -> None:
+        await peer.request()
+        peer.writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload))
         for i in range(0, len(payload), 65536):
-            writer.write(payload[i : i + 65536])
-            await writer.drain()
-        await s.read_request(reader)
+            peer.writer.write(payload[i : i + 65536])
+            await peer.writer.drain()
+        await peer.request()
 
     async with (
         serving(big) as server,
@@ -295,7 +292,7 @@ async def test_a_large_body_crosses_whole_while_the_reader_is_slow() -> None:
 
 @pytest.mark.anyio
 async def test_a_request_the_engine_does_not_read_is_a_write_timeout() -> None:
-    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    async def deaf(peer: Peer) -> None:
         await asyncio.sleep(10)
 
     async with serving(deaf) as server, client() as http:
