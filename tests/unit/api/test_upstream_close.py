@@ -53,6 +53,7 @@ async def test_a_client_that_leaves_before_the_first_read_closes_the_upstream() 
     body = b'{"model": "m", "prompt": "hello", "max_tokens": 5, "stream": true}'
     received = 0
     sent: list[Message] = []
+    answer_begun = anyio.Event()
 
     async def receive() -> Message:
         nonlocal received
@@ -61,12 +62,13 @@ async def test_a_client_that_leaves_before_the_first_read_closes_the_upstream() 
             return {"type": "http.request", "body": body, "more_body": False}
         # The client leaves once the answer has begun, before the engine sent a byte
         # (while the proxy waits for the turn and opens the upstream, it stays).
-        while not any(message["type"] == "http.response.start" for message in sent):
-            await anyio.sleep(0.001)
+        await answer_begun.wait()
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
         sent.append(message)
+        if message["type"] == "http.response.start":
+            answer_begun.set()
 
     headers = [(b"content-type", b"application/json")]
     scope: dict[str, Any] = {"type": "http", "method": "POST", "path": COMPLETIONS}
