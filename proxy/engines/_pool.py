@@ -27,15 +27,18 @@ def make_http_client(
     """The one client for all upstream traffic; the caller closes it.
 
     Connects time out after ``settings.connect_timeout_s``; reads never do (a
-    stream may run for minutes; control calls set their own limit), and waiting
-    for a free connection is queueing, not failure. Engines are asked not to
-    compress (``Accept-Encoding: identity``) so raw bytes can be passed through
-    to clients as they are, and proxy variables in the environment are ignored.
+    stream may run for minutes; control calls set their own limit). Engines are
+    asked not to compress (``Accept-Encoding: identity``) so raw bytes can be
+    passed through to clients as they are, and proxy variables in the environment
+    are ignored.
 
     ``http://`` engines are reached through :class:`PlainHTTPTransport` (asyncio's
-    protocols and httptools: the relay's cheap path), ``https://`` ones through
-    httpx's own, its connections in :data:`POOL_SHARDS` pools
-    (:class:`ShardedTransport`); unless ``transport`` is given (tests swap it).
+    protocols and httptools: the relay's cheap path), which opens a connection for
+    each request in flight that finds none idle (the scheduler's ``max_inflight``
+    bounds them) and never waits for one; ``https://`` ones through httpx's own,
+    its connections in :data:`POOL_SHARDS` pools (:class:`ShardedTransport`), where
+    waiting for a free connection is queueing, not failure. Unless ``transport`` is
+    given (tests swap it).
     """
     connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
     if transport is None:
