@@ -310,26 +310,22 @@ class Scheduler:
             model = job.model
             engines = self._by_model.get(model, [])
             names = self._names_by_model.get(model, frozenset())
+            preferred = self.affinity.get(job.affinity)
+            slack = self.settings.affinity_slack_tokens
             if engines and (len(takes) == len(self.engines) or names <= takes):
                 # every engine of the model takes a chat: the least rank is indexed
-                preferred = self.affinity.get(job.affinity)
                 other = self.engines[preferred] if preferred in names else None
-                best = self._least[model].least()
-                engine = with_affinity(best, other, job, self.settings.affinity_slack_tokens)
-                out.append(self._send(now, job, engine))
-                if queue.first_of_model(model) is None:
+                engine = with_affinity(self._least[model].least(), other, job, slack)
+            else:
+                ready = [e for e in engines if e.name in takes]
+                if not ready:
+                    self._hold_chats(now, model, engines)
                     del live[model]
-                continue
-            ready = [e for e in engines if e.name in takes]
-            if ready:
-                preferred = self.affinity.get(job.affinity)
-                engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
-                out.append(self._send(now, job, engine))
-                if queue.first_of_model(model) is None:
-                    del live[model]
-                continue
-            self._hold_chats(now, model, engines)
-            del live[model]
+                    continue
+                engine = pick_engine(ready, job, preferred, slack)
+            out.append(self._send(now, job, engine))
+            if queue.first_of_model(model) is None:
+                del live[model]
         return out
 
     def _hold_chats(self, now: float, model: str, engines: list[EngineState]) -> None:
