@@ -135,18 +135,12 @@ class Relay:
         async for chunk in chunks:
             silence.read()
             events = reader.feed(chunk)
-            if len(events) > BATCH:
-                for start in range(0, len(events), BATCH):
-                    batch = events[start : start + BATCH]
-                    for event in batch:
-                        observe(event)
-                    await deliver(batch)
-                    await checkpoint()
-            elif events:
-                for event in events:
+            for start in range(0, len(events), BATCH):
+                batch = events[start : start + BATCH]
+                for event in batch:
                     observe(event)
-                await deliver(events)
-                unchecked += len(events)
+                await deliver(batch)
+                unchecked += len(batch)
                 if unchecked >= BATCH:
                     await checkpoint()
                     unchecked = 0
