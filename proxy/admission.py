@@ -34,6 +34,7 @@ from proxy.scheduler import (
 )
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import Second
+from proxy.scheduler.pieces import ChatSigns
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -231,6 +232,11 @@ class Admission:
         """Forget a drained engine once nothing runs on it; whether it is gone."""
         return self._scheduler.remove_engine(name)
 
+    def set_piece_depth(self, engine: str, depth: int) -> None:
+        """Pieces ``engine`` may hold in prefill at once (:mod:`proxy.scheduler.pieces`)."""
+        self._scheduler.set_piece_depth(engine, depth)
+        self.pump()
+
     def tick(self) -> None:
         """Advance turn accounting and the budget loops, then dispatch what may go."""
         self._scheduler.tick()
@@ -268,6 +274,14 @@ class Admission:
         """Interactive streams decoding on ``engine`` now."""
         return self._scheduler.engines[engine].decode_streams(TrafficClass.INTERACTIVE)
 
+    def prefill_tokens(self, engine: str) -> int:
+        """Prompt tokens in prefill on ``engine`` now, of every class."""
+        return self._scheduler.engines[engine].prefill_tokens()
+
+    def decode_streams(self, engine: str) -> int:
+        """Streams decoding on ``engine`` now, of every class."""
+        return self._scheduler.engines[engine].decode_streams()
+
     def own_loads(self) -> dict[str, ReplicaLoad]:
         """This replica's load on each engine, for the shared ledger."""
         return self._scheduler.own_loads()
@@ -289,11 +303,12 @@ class Admission:
         engines = self._scheduler.engines.items()
         return [(name, e.turn_history_at(now, seconds)) for name, e in engines]
 
-    def chat_missed_at(self, engine: str) -> float | None:
-        """When engine ``engine``'s budget loop last judged chat beside batch prefill
-        over its aim (None: never, or no such engine). A read."""
-        found = self._scheduler.engines.get(engine)
-        return None if found is None else found.budget.missed_at
+    def chat_signs(self, engine: str) -> ChatSigns:
+        """What is known of chat on engine ``engine`` (nothing, if there is no such
+        engine), for the piecing choice. A read."""
+        if engine not in self._scheduler.engines:
+            return ChatSigns()
+        return self._scheduler.chat_signs(engine)
 
     def budget_changes(self, limit: int) -> list[tuple[str, BudgetChange]]:
         """The ``limit`` most recent budget moves of all engines, oldest first, each

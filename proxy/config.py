@@ -139,10 +139,11 @@ class EngineConfig:
       usage at or above this fraction.
     - ``models``: the models it serves (empty: discovered from the engine).
     - ``piecing``: prefill long batch prompts in pieces over the engine's prefix
-      cache (``off``, ``on``, ``auto``, the default: when the engine reports prefix
-      caching on);
-      ``piece_tokens``: the first piece's size, before the engine's cost is known
-      (see docs/scheduling.md).
+      cache (``off``, ``on``, ``auto``, the default: where the engine reports prefix
+      caching on, while chat is live or expected there, unless the engine chunks
+      long prefills itself);
+      ``piece_tokens``: the first piece's size, before the engine's cost is known;
+      it also judges the engine's own chunking (see docs/scheduling.md).
 
     A ``url`` of the form ``dns+http://HOST:PORT`` (or ``dns+https://``) is not one
     engine but a group found by DNS: ``HOST`` is resolved every ``dns_interval_s``

@@ -41,7 +41,7 @@ from proxy.api.disconnect import ClientGone, until_disconnect
 from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import new_request_id, request_id, set_request_id
 from proxy.api.inputs import ChatRequest, check_api_key, read_request
-from proxy.api.pieces import Final, Pieced, Piecer
+from proxy.api.pieces import Final, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import SSEEvent
@@ -157,28 +157,15 @@ class Forwarder:
                 self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
             raise error
 
-    async def _wait(self, ticket: Ticket, retried: bool, pieced: Pieced | None) -> Admitted:
-        """The job's next dispatch: queued first (after its pieces, if ``pieced``),
-        or requeued after a failure."""
+    async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
+        """The job's next dispatch: queued first (after its pieces, where it goes in
+        pieces), or requeued after a failure."""
         admission, req = self.services.admission, ticket.req
         try:
             if retried:
-                return await admission.readmit(ticket.id)
-            final = Final(ticket.count.tokens, None, 0)
-            whole_for_now = False
-            if pieced is not None and self.pieces is not None:
-                final = await self.pieces.prefill(ticket, pieced)
-            elif self.pieces is not None:
-                whole_for_now = self.pieces.before_a_miss(ticket)
-            job = Job(
-                id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
-                arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
-                piece=final.piece, abortable=self._abortable(req.cls, final, whole_for_now),
-            )  # fmt: skip
-            if job.abortable and self.pieces is not None:
-                cost = self.pieces.cost(final.engine)
-                job.prefill_s = None if cost is None else cost * final.tokens
-            admitted = await admission.admit(job)
+                admitted = await admission.readmit(ticket.id)
+            else:
+                admitted = await self._queued(ticket)
         except Closed:
             self._count(ticket, "", "rejected")  # queued when the drain began
             raise shutting_down() from None
@@ -188,26 +175,56 @@ class Forwarder:
         self.services.metrics.queue_wait.labels(req.cls.value).observe(admitted.queued_s)
         return admitted
 
-    def _abortable(self, cls: TrafficClass, final: Final, whole_for_now: bool) -> bool:
+    async def _queued(self, ticket: Ticket) -> Admitted:
+        """The first dispatch of the client's own request. A long batch prompt that
+        may be pieced starts in pieces where an engine pieces it now; one that
+        starts whole is looked at again once the scheduler names its engine: chat
+        that came there while it waited turns it into pieces (the turn is given
+        back, and the pieces queue in its place)."""
+        whole = Final(ticket.count.tokens, None, 0)
+        pieces = self.pieces
+        up = None if pieces is None else await pieces.pieceable(ticket)
+        if pieces is None or up is None:
+            return await self._admit(ticket, whole, whole_by_choice=False)
+        if pieces.wanted(ticket, up):
+            return await self._admit(ticket, await pieces.prefill(ticket, up), True)
+        admitted = await self._admit(ticket, whole, whole_by_choice=True)
+        if pieces.keep_whole(ticket, admitted.engine):
+            return admitted
+        self.services.admission.finished(ticket.id)
+        return await self._admit(ticket, await pieces.prefill(ticket, [admitted.engine]), True)
+
+    async def _admit(self, ticket: Ticket, final: Final, whole_by_choice: bool) -> Admitted:
+        """Queue the client's own request as ``final`` says and wait for its turn."""
+        req = ticket.req
+        job = Job(
+            id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
+            arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
+            piece=final.piece, abortable=self._abortable(req.cls, final, whole_by_choice),
+        )  # fmt: skip
+        if job.abortable and self.pieces is not None:
+            cost = self.pieces.cost(final.engine)
+            job.prefill_s = None if cost is None else cost * final.tokens
+        return await self.services.admission.admit(job)
+
+    def _abortable(self, cls: TrafficClass, final: Final, whole_by_choice: bool) -> bool:
         """Whether a job may be aborted in prefill for a chat (``batch_abort``):
         ``auto``, the final request of a pieced prompt (``final.engine`` set: its
-        engine pieces) and a long prompt sent whole only because ``auto`` piecing
-        waits for chat's first miss (``whole_for_now``, :meth:`Piecer.before_a_miss`);
-        ``on``, every batch request; ``off``, none."""
+        engine pieces) and a long prompt that could be pieced but goes whole
+        (``whole_by_choice``): what it computed stays in the engine's prefix cache,
+        and it is sent again on the same engine; ``on``,
+        every batch request; ``off``, none."""
         mode = self.settings.batch_abort
         if cls is not TrafficClass.BATCH or mode == "off" or self.pieces is None:
             return False
-        return mode == "on" or final.engine is not None or whole_for_now
+        return mode == "on" or final.engine is not None or whole_by_choice
 
     async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
         """Wait for the job's turn and open its upstream stream, retrying elsewhere
         while no byte has reached the client, and again after an abort."""
-        pieced = None
-        if not retried and self.pieces is not None:
-            pieced = await self.pieces.prepare(ticket)
         aborted = False
         while True:
-            admitted = await self._wait(ticket, retried, pieced)
+            admitted = await self._wait(ticket, retried)
             retried = True
             if aborted and self.pieces is not None:
                 self.pieces.requeued(admitted.engine)

@@ -1,21 +1,33 @@
 """The I/O of piecing: a long batch prompt prefilled as requests over growing prefixes.
 
-The arithmetic and the per-engine facts are pure (:mod:`proxy.scheduler.pieces`);
-this module does what needs the network, for :class:`proxy.api.forward.Forwarder`:
+The arithmetic, the choice and the per-engine facts are pure
+(:mod:`proxy.scheduler.pieces`); this module does what needs the network, for
+:class:`proxy.api.forward.Forwarder`:
 
 - :meth:`Piecer.discover`: each engine's ``vllm:cache_config_info`` (prefix caching
-  on or off, the block size) decides whether piecing is on there (``auto``), and
-  is logged for the operator.
-- :meth:`Piecer.prepare`: a batch request whose prompt is longer than one piece,
-  for a model every up engine of which pieces, is tokenized to its ids by the
-  engine (``/tokenize``; with ``messages`` through the chat template, so the
-  client's own request later finds the same tokens in the cache).
-- :meth:`Piecer.prefill`: once the scheduler admitted the first piece, each piece
-  is sent as token ids to ``/v1/completions`` with ``max_tokens: 1`` (the answer
-  is discarded) and its ``cached_tokens`` checked; then the job goes back to the
-  scheduler as its next piece (pinned to the engine), which admits it like any
-  batch work: within the budget, after any chat in prefill. It returns the final
-  admission, on which the forwarder sends the client's real request.
+  on or off, the block size) decides whether it may piece at all, and is logged
+  for the operator.
+- :meth:`Piecer.pieceable`: a batch request whose prompt is longer than one piece,
+  counted exactly, for a model whose up engines may piece.
+- :meth:`Piecer.choose`: whether a prompt sent to an engine now goes in pieces:
+  decided ahead, while chat is live or expected there (the scheduler's
+  :class:`~proxy.scheduler.pieces.ChatSigns`), not after chat missed its aim. The
+  edge asks again once the scheduler names the engine, so chat that arrives while a
+  prompt waits in the proxy turns piecing on for it, and a prompt whose first piece
+  lands on an engine that chunks itself goes whole.
+- :meth:`Piecer.prefill`: the prompt is tokenized to its ids by the engine
+  (``/tokenize``; with ``messages`` through the chat template, so the client's own
+  request later finds the same tokens in the cache); each piece is sent as token
+  ids to ``/v1/completions`` with ``max_tokens: 1`` (the answer is discarded) and
+  its cache check made; then the job goes back to the scheduler as its next piece
+  (pinned to the engine), which admits it like any batch work: within the budget,
+  after any chat in prefill. It returns what the client's real request is to be
+  admitted as.
+
+The first piece on an engine runs alone and tells whether the engine cuts a long
+prefill into small steps itself (``--long-prefill-token-threshold``): its
+``vllm:iteration_tokens_total`` histogram is read around it
+(:func:`~proxy.scheduler.pieces.judge_chunking`). One that does gets whole prompts.
 
 A piece that finds fewer cached tokens than its earlier pieces put there turns
 piecing off on that engine and the prompt goes whole from there on. The piece's
@@ -30,7 +42,9 @@ no answer, and the real request is sent exactly once per admission.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -47,16 +61,19 @@ from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.pieces import (
     ADVICE,
     PIECE_DEPTH,
+    Choice,
     EnginePieces,
     Piece,
     PiecingMode,
     cache_held,
     hits_held,
+    judge_chunking,
     next_piece,
 )
 
 logger = logging.getLogger(__name__)
 PIECE_TIMEOUT_S = 120.0
+CHOICES_KEPT = 200  # whole-or-pieces choices kept for /turn/log
 
 
 class PieceMetrics:
@@ -140,6 +157,7 @@ class Piecer:
         self.idle_target_s = idle_target_s
         self.board: dict[str, EnginePieces] = {}
         self._discovered: set[str] = set()
+        self._choices: deque[dict[str, object]] = deque(maxlen=CHOICES_KEPT)
         self.metrics = PieceMetrics(registry)
         for config in engines:
             if not config.by_dns:
@@ -184,10 +202,18 @@ class Piecer:
             return
         self._discovered.add(name)
         facts.discovered(found.prefix_caching, found.block_size)
+        self.admission.set_piece_depth(name, facts.depth)
+        when = (
+            "while chat is live or expected there; its own chunking is judged by the "
+            "first piece beside a chat stream"
+            if facts.enabled and facts.mode is PiecingMode.AUTO
+            else "always"
+            if facts.enabled
+            else "never"
+        )
         logger.info(
-            "engine %s: piecing %s (%s); block %d, first piece %d tokens. %s",
-            name, "on" if facts.enabled else "off", facts.reason,
-            facts.block_size, facts.piece_tokens, ADVICE,
+            "engine %s: pieces long batch prompts %s (%s); block %d, first piece %d tokens",
+            name, when, facts.reason, facts.block_size, facts.piece_tokens,
         )  # fmt: skip
 
     def aborted(self, engine: str) -> None:
@@ -209,56 +235,60 @@ class Piecer:
 
     def report(self) -> dict[str, dict[str, object]]:
         """Each engine's piecing facts, for ``/turn``; ``piecing_now``: whether a
-        long batch prompt arriving now would be pieced there."""
-        now = self.clock.now()
-        return {
-            name: {**facts.report(), "piecing_now": self._wanted(name, now)}
-            for name, facts in self.board.items()
-        }
+        long batch prompt sent there now would go in pieces, and ``why``."""
+        out: dict[str, dict[str, object]] = {}
+        for name, facts in self.board.items():
+            choice = self.choose(name)
+            out[name] = {**facts.report(), "piecing_now": choice.pieces, "why": choice.why}
+        return out
 
-    def _wanted(self, name: str, now: float) -> bool:
-        """Whether engine ``name`` pieces a long prompt arriving at ``now``."""
-        return self.board[name].wanted(now, self.admission.chat_missed_at(name))
+    def choices(self, limit: int) -> list[dict[str, object]]:
+        """The ``limit`` most recent choices of whole or pieces, oldest first."""
+        return list(self._choices)[-limit:] if limit > 0 else []
+
+    def choose(self, engine: str) -> Choice:
+        """Whether a long batch prompt sent to ``engine`` now goes in pieces (a read)."""
+        facts = self.board.get(engine)
+        if facts is None:
+            return Choice(False, "not an engine the piecer knows")
+        return facts.choose(self.clock.now(), self.admission.chat_signs(engine))
+
+    def _chose(self, ticket: Ticket, engine: str, choice: Choice) -> None:
+        """Keep a choice for ``/turn/log``."""
+        self._choices.append({
+            "time": round(self.clock.now(), 3), "request_id": ticket.id, "engine": engine,
+            "pieces": choice.pieces, "why": choice.why,
+        })  # fmt: skip
 
     # -- the request path ------------------------------------------------------
 
-    async def prepare(self, ticket: Ticket) -> Pieced | None:
-        """The prompt's token ids and first piece, if ``ticket`` is to be pieced."""
+    async def pieceable(self, ticket: Ticket) -> list[str] | None:
+        """The up engines ``ticket``'s prompt may be pieced on (discovered first if
+        they were not yet), if it may be at all; None otherwise."""
         up = self._engines_for(ticket)
         if up is None:
             return None
         for name in up:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
-        now = self.clock.now()
-        if not all(self._wanted(name, now) for name in up):
+        enabled = [name for name in up if self.board[name].enabled]
+        if not enabled or ticket.count.tokens <= self._first_size(enabled):
             return None
-        facts = self.board[up[0]]
-        if ticket.count.tokens <= facts.piece_tokens:
-            return None
-        ids = await self._token_ids(self.pool.client_for(up[0]), ticket)
-        if ids is None or len(ids) <= facts.piece_tokens:
-            return None
-        return Pieced(ids, next_piece(len(ids), 0, facts.piece_tokens, facts.block_size))
+        return up
 
-    def before_a_miss(self, ticket: Ticket) -> bool:
-        """Whether ``ticket``'s batch prompt goes whole only because ``auto`` pieces
-        nowhere yet: long enough to be pieced, on engines that would piece it (prefix
-        caching on) once chat missed its aim there, and that it has not (a read).
-        Such a request may be aborted in prefill for a chat, as a pieced prompt's
-        final may (``batch_abort: auto``): what it computed stays in the engine's
-        prefix cache, and it is sent again on the same engine."""
-        up = self._engines_for(ticket)
-        if up is None:
-            return False
-        now = self.clock.now()
-        for name in up:
-            facts = self.board[name]
-            if facts.mode is not PiecingMode.AUTO or not facts.enabled:
-                return False
-            if self._wanted(name, now) or ticket.count.tokens <= facts.piece_tokens:
-                return False
-        return True
+    def wanted(self, ticket: Ticket, up: list[str]) -> bool:
+        """Whether ``ticket`` is to start in pieces: some engine it may go to pieces
+        now (the engine the scheduler picks decides again, :meth:`prefill`)."""
+        return any(self.choose(name).pieces for name in up)
+
+    def keep_whole(self, ticket: Ticket, engine: str) -> bool:
+        """Whether ``ticket``, admitted whole on ``engine``, is sent whole: False if
+        chat came there while it waited, so it goes in pieces instead."""
+        choice = self.choose(engine)
+        if choice.pieces:
+            self._chose(ticket, engine, choice)
+            logger.info("%s: pieces instead of whole on %s: %s", ticket.id, engine, choice.why)
+        return not choice.pieces
 
     def _engines_for(self, ticket: Ticket) -> list[str] | None:
         """The up engines ``ticket``'s prompt would go to, if it may be pieced at all:
@@ -271,6 +301,14 @@ class Piecer:
         if not up or not all(name in self.board for name in up):
             return None
         return up
+
+    def _first_size(self, up: list[str]) -> int:
+        return min(self.board[name].piece_tokens for name in up)
+
+    def _first_block(self, up: list[str]) -> int:
+        """A block every engine in ``up`` ends its blocks on: the first piece is not
+        pinned, and must end on a block boundary wherever it goes."""
+        return math.lcm(*(self.board[name].block_size for name in up))
 
     async def _token_ids(self, client: EngineClient, ticket: Ticket) -> list[int] | None:
         req = ticket.req
@@ -287,14 +325,19 @@ class Piecer:
             return list(prompt)
         return None  # a list of prompts is several requests' worth: sent whole
 
-    async def prefill(self, ticket: Ticket, pieced: Pieced) -> Final:
-        """Send every piece but the final, each on its own admission, at most
-        :data:`PIECE_DEPTH` in flight (piece ``k+1`` once piece ``k`` is in the
-        engine); when all are answered, what the client's own request is to be
-        admitted as. A piece's job leaves the scheduler when its answer is read,
+    async def prefill(self, ticket: Ticket, up: list[str]) -> Final:
+        """Send every piece but the final, each on its own admission, at most the
+        engine's depth in flight (piece ``k+1`` once piece ``k`` is in the engine);
+        when all are answered, or piecing stops, what the client's own request is to
+        be admitted as. A piece's job leaves the scheduler when its answer is read,
         or when the caller is cancelled."""
-        run = _Run(ticket, pieced, anyio.Semaphore(PIECE_DEPTH))
-        piece = pieced.piece
+        whole = Final(ticket.count.tokens, None, 0)
+        ids = await self._token_ids(self.pool.client_for(up[0]), ticket)
+        size = self._first_size(up)
+        if ids is None or len(ids) <= size:
+            return whole
+        piece = next_piece(len(ids), 0, size, self._first_block(up))
+        run = _Run(ticket, Pieced(ids, piece), anyio.Semaphore(PIECE_DEPTH))
         async with anyio.create_task_group() as group:
             while not piece.final and run.failed is None:
                 await run.room.acquire()
@@ -302,23 +345,38 @@ class Piecer:
                     run.room.release()
                     break
                 admitted = await self.admission.admit(self._job(run, piece))
+                if run.engine is None and not self._first_goes(run, admitted):
+                    return whole
                 run.engine = admitted.engine
                 started, done = anyio.Event(), anyio.Event()
                 group.start_soon(self._piece, run, admitted, piece, started, done)
                 await started.wait()
-                if self.board[admitted.engine].seconds_per_token is None:
-                    await done.wait()  # no second piece before the first was measured
+                facts = self.board[admitted.engine]
+                if facts.seconds_per_token is None or facts.chunks_itself is None:
+                    await done.wait()  # measured, and the engine's chunking judged, first
                 piece = self._after(run, piece)
         return self._final(run, piece)
 
+    def _first_goes(self, run: _Run, admitted: Admitted) -> bool:
+        """Whether the first piece, admitted on its engine, is sent: the engine pieces
+        now (else the turn is given back and the prompt goes whole)."""
+        choice = self.choose(admitted.engine)
+        self._chose(run.ticket, admitted.engine, choice)
+        if choice.pieces:
+            return True
+        self.admission.finished(admitted.job_id)
+        run.room.release()
+        logger.debug("%s: whole on %s: %s", run.ticket.id, admitted.engine, choice.why)
+        return False
+
     def _may_go_on(self, run: _Run) -> bool:
-        return run.engine is None or self.board[run.engine].enabled
+        return run.engine is None or self.choose(run.engine).pieces
 
     def _job(self, run: _Run, piece: Piece) -> Job:
         req = run.ticket.req
         return Job(
             id=f"{run.ticket.id}#{piece.index}", cls=req.cls, model=req.model,
-            prompt_tokens=piece.new_tokens, arrival=self.clock.now(), pinned=run.engine,
+            prompt_tokens=piece.new_tokens, arrival=run.ticket.arrival, pinned=run.engine,
             piece=piece.index,
         )  # fmt: skip
 
@@ -330,16 +388,20 @@ class Piecer:
         return next_piece(len(run.pieced.ids), piece.end, size, block, piece.index + 1)
 
     def _final(self, run: _Run, piece: Piece) -> Final:
-        """The client's request: the last piece pinned where the others are, or the
-        whole prompt anywhere if piecing stopped (or that engine went down)."""
+        """The client's request: the last piece pinned where the others are; the rest
+        of the prompt there if piecing stopped being wanted after some pieces were
+        answered; or the whole prompt anywhere if a piece failed, the cache did not
+        hold, or that engine went down."""
         total = len(run.pieced.ids)
         up = run.engine in self.admission.engines_up_for(run.ticket.req.model)
-        if run.failed is not None or not piece.final or not up or run.engine is None:
+        if run.failed is not None or not up or run.engine is None:
             if run.failed is not None and run.engine is not None:
                 self.metrics.fallbacks.labels(run.engine, run.failed).inc()
             return Final(total, None, piece.index)
         self.board[run.engine].pieced_prompts += 1
         self.metrics.prompts.labels(run.engine).inc()
+        if not piece.final:  # chat left, or the engine was found to chunk itself
+            return Final(total - run.answered, run.engine, piece.index)
         return Final(piece.new_tokens, run.engine, piece.index)
 
     async def _piece(
@@ -358,12 +420,17 @@ class Piecer:
     ) -> None:
         engine, facts = admitted.engine, self.board[admitted.engine]
         client = self.pool.client_for(engine)
+        probe = _Probe(piece.new_tokens) if facts.chunks_itself is None else None
         try:
             before = Hits()
             if answered and facts.cache_check != CACHED_TOKENS:
                 before = await Hits.read_from(client)
+            if probe is not None:
+                await self._probe_start(probe, engine, client)
             ids = run.pieced.ids[: piece.end]
             cached, sent = await self._send(run.ticket, admitted, ids, started)
+            if probe is not None:
+                await self._probe_end(probe, engine, client, facts)
         except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
             logger.warning("%s: piece %d failed on %s: %s", run.ticket.id, piece.index, engine, exc)
             run.failed = run.failed or "piece_failed"
@@ -383,6 +450,41 @@ class Piecer:
             return
         facts.answered(piece.new_tokens, sent, now)
         run.answered = max(run.answered, piece.end)
+
+    async def _probe_start(self, probe: _Probe, engine: str, client: EngineClient) -> None:
+        """Before a piece that is to judge the engine's chunking: its step histogram,
+        and whether the piece is its only prefill work, beside how many streams."""
+        probe.alone = self.admission.prefill_tokens(engine) == probe.tokens
+        probe.streams = self.admission.decode_streams(engine)
+        probe.before = await client.step_tokens()
+
+    async def _probe_end(
+        self, probe: _Probe, engine: str, client: EngineClient, facts: EnginePieces
+    ) -> None:
+        """After it: judge, if the piece stayed alone (else it tells nothing)."""
+        verdict = None
+        alone = probe.alone and self.admission.prefill_tokens(engine) == probe.tokens
+        if alone and probe.streams == 0 and probe.before:
+            return  # vLLM does not cap a prefill that runs alone: ask the next piece
+        telling = alone and bool(probe.before)
+        for attempt in range(2 if telling else 0):
+            if attempt:  # the engine counts a step a moment after its tokens
+                await anyio.sleep(HITS_SETTLE_S)
+            after = await client.step_tokens()
+            verdict = judge_chunking(probe.tokens, probe.streams, probe.before, after)
+            if verdict is not None:
+                break
+        known = facts.chunks_itself is not None
+        facts.judged(verdict)
+        if facts.chunks_itself is None or known:
+            return
+        self.admission.set_piece_depth(engine, facts.depth)
+        advice = "" if facts.chunks_itself else f" {ADVICE}"
+        logger.info(
+            "engine %s: %s: %s%s", engine,
+            "chunks long prefills itself, so prompts go whole unless chat misses its aim"
+            if facts.chunks_itself else "pieces while chat is live", facts.chunking, advice,
+        )  # fmt: skip
 
     async def _miss(
         self,
@@ -484,6 +586,18 @@ class Hits:
         except UpstreamError as exc:
             logger.debug("engine %s: prefix-cache hits not read: %s", client.name, exc)
             return cls()
+
+
+@dataclass
+class _Probe:
+    """A piece that judges the engine's own chunking: its new ``tokens``, whether it
+    was the engine's only prefill work when sent, the streams decoding beside it and
+    the step histogram before it."""
+
+    tokens: int
+    alone: bool = False
+    streams: int = 0
+    before: dict[float, float] = field(default_factory=dict)
 
 
 @dataclass

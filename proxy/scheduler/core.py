@@ -69,6 +69,7 @@ from proxy.scheduler.aborts import (
     longest_waiting,
     may_abort,
 )
+from proxy.scheduler.pieces import ChatSigns
 from proxy.scheduler.queue import JobQueue
 from proxy.scheduler.routing import AffinityMap, LeastRank, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
@@ -593,6 +594,27 @@ class Scheduler:
             job.phase = Phase.DONE
         self._end(now)
         return requeued
+
+    def chat_signs(self, name: str) -> ChatSigns:
+        """What is known of chat on engine ``name``, for the piecing choice (a read)."""
+        engine = self.engines[name]
+        queued = self.queues[TrafficClass.INTERACTIVE].count_for(name, engine.settings.models)
+        return ChatSigns(
+            streams=engine.decode_streams(TrafficClass.INTERACTIVE),
+            in_prefill=len(engine.chats_in_prefill()),
+            queued=queued,
+            last_at=engine.last_chat_at,
+            missed_at=engine.budget.missed_at,
+        )
+
+    def set_piece_depth(self, name: str, depth: int) -> None:
+        """Pieces engine ``name`` may hold in prefill at once (one while its own
+        chunking is being judged: :mod:`proxy.scheduler.pieces`)."""
+        if name in self.engines and self.engines[name].piece_depth != depth:
+            now = self._begin()
+            self.engines[name].piece_depth = depth
+            self._mark(name)
+            self._end(now)
 
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
         """Replace the models an engine serves (found by discovery)."""

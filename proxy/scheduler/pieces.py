@@ -39,8 +39,9 @@ answered.
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from proxy.scheduler.types import Job, Phase
@@ -48,8 +49,9 @@ from proxy.scheduler.types import Job, Phase
 
 class PiecingMode(enum.StrEnum):
     """``engines[].piecing``: ``off`` never; ``on`` always (until the cache fails to
-    hold); ``auto`` where the engine's ``/metrics`` reports prefix caching on, and
-    only while chat needs it there (:meth:`EnginePieces.wanted`)."""
+    hold); ``auto`` where the engine's ``/metrics`` reports prefix caching on, while
+    chat is live or expected there and the engine does not chunk long prefills
+    itself (:meth:`EnginePieces.choose`)."""
 
     OFF = "off"
     ON = "on"
@@ -102,10 +104,44 @@ def plan(total: int, size: int, block: int) -> list[Piece]:
 
 PIECE_DEPTH = 2
 """Pieces in prefill at once on one engine: the next piece waits in the engine while
-one runs, so the engine never idles for the proxy's round trip between pieces."""
+one runs, so the engine never idles for the proxy's round trip between pieces. While
+the engine's own chunking is not known yet, one (:attr:`EnginePieces.depth`): the
+piece that tells it must run alone."""
 
 NEED_S = 120.0
-"""How long ``auto`` keeps piecing after chat's last miss on the engine."""
+"""How long chat seen on an engine (sent there, or missing its aim there) keeps
+``auto`` piecing there."""
+
+MIN_PIECE_BLOCKS = 4
+"""The smallest piece, in the engine's KV blocks: below that, a piece's request costs
+the engine more in its step's fixed part than it spares a chat."""
+
+CHUNK_PROBES = 3
+"""Pieces that may leave the engine's own chunking unjudged (other work in the same
+steps, no step histogram) before pieces go two at a time anyway."""
+
+
+@dataclass(frozen=True)
+class ChatSigns:
+    """What the scheduler knows of chat on one engine, for the piecing choice: its
+    interactive ``streams`` in decode, ``in_prefill`` chats dispatched there and not
+    answered yet, ``queued`` chats the engine may take, when a chat was last
+    dispatched there (``last_at``) and when its budget loop last judged chat beside
+    batch prefill over its aim (``missed_at``); None: never."""
+
+    streams: int = 0
+    in_prefill: int = 0
+    queued: int = 0
+    last_at: float | None = None
+    missed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Whether a long batch prompt goes in pieces on an engine, and why."""
+
+    pieces: bool
+    why: str
 
 
 def pieces_in_prefill(inflight: Iterable[Job]) -> int:
@@ -141,37 +177,35 @@ def piece_size(seconds_per_token: float, target_s: float, block: int, lo: int, h
 
 @dataclass(kw_only=True)
 class EnginePieces:
-    """Piecing on one engine: whether it is on and why, and what was learned.
+    """Piecing on one engine: whether it may piece, when it does, and what was learned.
 
-    ``piece_tokens`` starts at ``initial_tokens`` and follows the measured cost per
-    prompt token (:meth:`answered`). A new chat waits for the :data:`PIECE_DEPTH`
-    pieces in the engine, then its own short prefill: together they should take
-    about ``idle_target_s`` (the TTFT aim). While chat streams decode there, one
-    piece should also take no more than ``target_s`` (the gap aim). The engine may
-    run both pieces it holds in one step (a piece sent while the one before it
-    waits for a step goes with it), a gap of two pieces then; sizing each to half
-    the gap aim made a third more pieces on the simulated engine and its batch
-    1.15-1.26x slower than direct for no gain on real vLLM, whose pieces sit at
-    ``min_tokens`` anyway.
-    ``block_size`` comes from the engine's ``vllm:cache_config_info`` where it says.
+    **When** (:meth:`choose`, ``auto``): while chat is live or expected there, decided
+    ahead from what the scheduler knows (:class:`ChatSigns`) rather than after chat
+    missed its aim: a chat stream in decode, a chat in prefill or queued, a chat sent
+    there within :attr:`need_s`, or a miss of the budget loop within it. An engine that
+    serves only batch gets whole prompts. An engine that chunks long prefills itself
+    (:meth:`judged`) gets whole prompts too, unless chat missed its aim there since.
+
+    **Size**: ``piece_tokens`` starts at ``initial_tokens`` and follows the measured
+    cost per prompt token (:meth:`answered`). A new chat waits for the
+    :data:`PIECE_DEPTH` pieces in the engine, then its own short prefill: together
+    they should take about ``idle_target_s`` (the TTFT aim). While chat streams
+    decode there, one piece should also take no more than ``target_s`` (the gap aim).
+    The floor is :data:`MIN_PIECE_BLOCKS` of the engine's KV block (from its
+    ``vllm:cache_config_info``), so a slow engine gets pieces that fit the aims.
 
     The cost is the engine's, not the request's round trip: a piece's time starts
     when it was sent or when the engine answered its previous piece, whichever is
     later (until then the engine was busy with that one), and ends with its
     answer. So the times of pieces that follow each other add up to the time the
     engine spent on them however it grouped them into steps, and however late each
-    answer was read (a piece answered in its predecessor's step, or read late, has
-    little time of its own, and the next one less). The cost is the sum of the last
-    ``window`` pieces' times over the sum of their new tokens: robust to how the
-    time falls between pieces, where the least of each piece's own ratio is not
-    (one piece read just after another looks free). It counts what the pieces
-    waited for besides (a chat's prefill, decode steps), so it errs high: smaller
-    pieces, never larger.
+    answer was read. The cost is the sum of the last ``window`` pieces' times over
+    the sum of their new tokens. It counts what the pieces waited for besides (a
+    chat's prefill, decode steps), so it errs high: smaller pieces, never larger.
     """
 
     mode: PiecingMode
     initial_tokens: int = 512
-    min_tokens: int = 256
     max_tokens: int = 2048
     target_s: float = 0.08
     idle_target_s: float = 0.24
@@ -179,6 +213,11 @@ class EnginePieces:
     enabled: bool = False
     reason: str = "not discovered yet"
     seconds_per_token: float | None = None
+    chunks_itself: bool | None = None
+    """Whether the engine cuts a long prefill into steps smaller than a piece by
+    itself (``--long-prefill-token-threshold``); None: not judged yet."""
+    chunking: str = "not judged yet: the first piece beside a chat stream tells"
+    probes: int = 0
     pieces: int = 0
     pieced_prompts: int = 0
     fallbacks: int = 0
@@ -186,13 +225,23 @@ class EnginePieces:
     requeues: int = 0  # and sent again after an abort
     window: int = 16
     need_s: float = NEED_S
-    """``auto`` pieces for this long after chat beside batch prefill missed its aim."""
+    """``auto`` pieces for this long after chat was last seen or missed its aim."""
     history: list[str] = field(default_factory=list)
     cache_check: str | None = None
     """How pieces are checked: ``cached_tokens`` (in ``usage``) or
     ``prefix_cache_hits`` (the engine's counter); None until a piece told."""
     _costs: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds)
     _last_answer: float | None = None
+
+    @property
+    def min_tokens(self) -> int:
+        return MIN_PIECE_BLOCKS * self.block_size
+
+    @property
+    def depth(self) -> int:
+        """Pieces in prefill at once here: one while the engine's chunking is being
+        judged, so the piece that tells runs alone."""
+        return PIECE_DEPTH if self.chunks_itself is not None else 1
 
     @property
     def piece_tokens(self) -> int:
@@ -224,20 +273,39 @@ class EnginePieces:
         else:
             self.enabled, self.reason = False, "auto: the engine does not say it caches prefixes"
 
-    def wanted(self, now: float, missed_at: float | None) -> bool:
-        """Whether a long prompt arriving at ``now`` is to be pieced: piecing is on
-        here, and with ``auto`` the engine's budget loop judged chat beside batch
-        prefill over its aim (at ``missed_at``) within the last :attr:`need_s`.
-
-        An engine that interleaves prefill with decode by itself keeps chat within
-        its aims, so ``auto`` never pieces there and batch pays nothing; one that
-        runs a long prefill to the end before a chat misses, and the prompts after
-        the miss are pieced. A read."""
+    def choose(self, now: float, chat: ChatSigns) -> Choice:
+        """Whether a long batch prompt sent to this engine at ``now`` goes in pieces,
+        and why. A read."""
         if not self.enabled:
-            return False
+            return Choice(False, self.reason)
         if self.mode is PiecingMode.ON:
-            return True
-        return missed_at is not None and now - missed_at <= self.need_s
+            return Choice(True, "piecing: on in the configuration")
+        missed = chat.missed_at is not None and now - chat.missed_at <= self.need_s
+        if self.chunks_itself and not missed:
+            return Choice(False, f"the engine chunks itself: {self.chunking}")
+        live = _chat_live(now, chat, self.need_s)
+        if live is not None:
+            return Choice(True, live)
+        if missed:
+            assert chat.missed_at is not None
+            ago = now - chat.missed_at
+            return Choice(True, f"chat missed its aim beside batch prefill {ago:.1f} s ago")
+        if chat.last_at is None:
+            return Choice(False, "batch only: no chat here yet")
+        return Choice(False, f"batch only: no chat here for {now - chat.last_at:.0f} s")
+
+    def judged(self, verdict: Chunking | None) -> None:
+        """What a piece that ran alone showed of the engine's own chunking (None: it
+        could not tell; after :data:`CHUNK_PROBES` such pieces, pieces go two at a
+        time unjudged)."""
+        if self.chunks_itself is not None:
+            return
+        self.probes += 1
+        if verdict is not None:
+            self.chunks_itself, self.chunking = verdict.chunks, verdict.why
+        elif self.probes >= CHUNK_PROBES:
+            self.chunks_itself = False
+            self.chunking = f"unknown after {self.probes} pieces: taken as not chunking"
 
     def answered(self, new_tokens: int, sent: float, now: float) -> None:
         """A piece of ``new_tokens`` sent at ``sent`` was answered at ``now``."""
@@ -268,6 +336,8 @@ class EnginePieces:
             "mode": self.mode.value,
             "enabled": self.enabled,
             "reason": self.reason,
+            "chunks_itself": self.chunks_itself,
+            "chunking": self.chunking,
             "block_size": self.block_size,
             "piece_tokens": self.piece_tokens,
             "prompt_token_cost_ms": None if cost is None else round(cost * 1000, 4),
@@ -277,14 +347,69 @@ class EnginePieces:
             "aborts": self.aborts,
             "requeues": self.requeues,
             "cache_check": self.cache_check,
-            "advice": ADVICE,
         }
 
 
+def _chat_live(now: float, chat: ChatSigns, recent_s: float) -> str | None:
+    """Why chat is live or expected on the engine; None if it is not."""
+    if chat.streams:
+        return f"chat live: {chat.streams} stream(s) in decode"
+    if chat.in_prefill:
+        return f"chat live: {chat.in_prefill} chat(s) in prefill"
+    if chat.queued:
+        return f"chat live: {chat.queued} chat(s) queued"
+    if chat.last_at is not None and now - chat.last_at <= recent_s:
+        return f"chat expected: a chat was sent here {now - chat.last_at:.1f} s ago"
+    return None
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """The engine's own chunking as one piece showed it: ``chunks`` if it cut the
+    piece into smaller steps, and what was seen."""
+
+    chunks: bool
+    why: str
+
+
+def judge_chunking(
+    piece_tokens: int, streams: int, before: Mapping[float, float], after: Mapping[float, float]
+) -> Chunking | None:
+    """What the engine's step-size histogram (``vllm:iteration_tokens_total``, bucket
+    bound to cumulative count) read ``before`` and ``after`` a piece of
+    ``piece_tokens`` new tokens tells, if that piece was the only prefill work in the
+    engine beside ``streams`` decoding streams: the piece in one step lands in the
+    bucket of ``piece_tokens + streams`` (or above, with other work); every step in a
+    lower bucket means the engine cut the piece itself. None if it cannot tell: no
+    histogram, too few steps seen to hold the piece, or no stream decoding (vLLM
+    does not cap a long prefill that runs alone)."""
+    if not before or not after or streams < 1:
+        return None
+    grown = {le: _in_bucket(after, le) - _in_bucket(before, le) for le in sorted(after)}
+    grown = {le: n for le, n in grown.items() if n > 0}
+    # the steps seen must have room for the piece: a step the engine had not yet
+    # counted when the histogram was read must not pass for a cut
+    if sum(n * le for le, n in grown.items()) < piece_tokens:
+        return None
+    whole = next((le for le in sorted(after) if le >= piece_tokens + streams), math.inf)
+    largest = max(grown)
+    if largest >= whole:
+        return Chunking(False, f"a {piece_tokens}-token piece ran in one step")
+    return Chunking(
+        True, f"a {piece_tokens}-token piece ran in steps of at most {largest:.0f} tokens"
+    )
+
+
+def _in_bucket(cumulative: Mapping[float, float], le: float) -> float:
+    """Steps in the bucket ending at ``le`` alone, from cumulative counts."""
+    lower = [b for b in cumulative if b < le]
+    return cumulative[le] - (cumulative[max(lower)] if lower else 0.0)
+
+
 ADVICE = (
-    "Piecing works around an engine that runs a long prefill to the end before a new "
-    "chat; starting vLLM with --long-prefill-token-threshold (e.g. 512) lets the engine "
-    "interleave by itself, and makes the job cheaper (no extra requests); "
-    "--enable-prompt-tokens-details lets the proxy check each piece's cached tokens "
-    "in its answer rather than by the engine's prefix-cache hit counter."
+    "Starting vLLM with --long-prefill-token-threshold (e.g. 256) lets it interleave "
+    "long prefills with decode by itself; the proxy then sees that and sends prompts "
+    "whole (no extra requests). --enable-prompt-tokens-details lets it check each "
+    "piece's cached tokens in its answer rather than by the prefix-cache hit counter."
 )
+"""Said once per engine, where the first piece showed the engine does not chunk."""

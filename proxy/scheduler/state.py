@@ -113,6 +113,8 @@ class EngineState:
         self._decode = dict.fromkeys(TrafficClass, 0)  # streams in decode
         self._count = dict.fromkeys(TrafficClass, 0)  # jobs in flight
         self._chats_in_prefill: dict[str, Job] = {}
+        self.last_chat_at: float | None = None  # when a chat was last dispatched here
+        self.piece_depth = PIECE_DEPTH  # pieces in prefill at once (scheduler.pieces)
         self.rank: tuple[int, int, str] = (0, 0, self.name)
         """(prompt tokens in prefill, jobs in flight, name): least is where a chat waits
         least for its first token (:func:`proxy.scheduler.routing.pick_engine`)."""
@@ -138,6 +140,8 @@ class EngineState:
         """``job`` (in prefill) is now in flight here."""
         self.inflight[job.id] = job
         self._count[job.cls] += 1
+        if job.cls is TrafficClass.INTERACTIVE:
+            self.last_chat_at = self._events.now
         self._add_phase(job, 1)
 
     def start_decode(self, job: Job) -> None:
@@ -253,7 +257,7 @@ class EngineState:
             return HeldReason.CONCURRENCY_CAP
         if self.load.kv_usage >= s.kv_high_watermark:
             return HeldReason.KV_HEADROOM
-        if job.piece and pieces_in_prefill(self.inflight.values()) >= PIECE_DEPTH:
+        if job.piece and pieces_in_prefill(self.inflight.values()) >= self.piece_depth:
             return HeldReason.PREFILL_BUDGET  # two pieces at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
         in_prefill = self.prefill_tokens(counted) + self.others.batch_prefill_tokens

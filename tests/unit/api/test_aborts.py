@@ -69,11 +69,12 @@ class AbortingEngines(CachingEngines):
 
 
 def settings(engines: CachingEngines, piecing: str = "on", **fields: Any) -> Settings:
-    # a TTFT aim (0.8 x 10 ms) that the final's prefill left (a piece at 0.2 ms a
-    # token) passes at once: a chat that arrives while it is in prefill is at risk
-    budget = BudgetConfig(ttft_target_s=0.01)
+    # a TTFT aim (0.8 x 2 ms) that the final's prefill left (at least the 16 tokens
+    # after the last 64-token piece, the floor of four blocks, at 0.2 ms a token)
+    # passes at once: a chat that arrives while it is in prefill is at risk
+    budget = BudgetConfig(ttft_target_s=0.002)
     engine = engines.config("a", piecing=piecing, piece_tokens=512, budget=budget)
-    return engines.settings(engines=(engine,), ttft_target_s=0.01, **fields)
+    return engines.settings(engines=(engine,), ttft_target_s=0.002, **fields)
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -130,8 +131,8 @@ async def test_a_final_in_prefill_is_aborted_for_a_chat_and_answered_once(stream
         log = (await client.get("/turn/log")).json()["decisions"]
         (abort,) = [d for d in log if d["action"] == "abort"]
         assert abort["abort"]["number"] == 1 and abort["abort"]["max"] == 3
-        assert abort["abort"]["ttft_aim_s"] == 0.008
-        assert abort["abort"]["chat_waited_s"] + abort["abort"]["prefill_left_s"] > 0.008
+        assert abort["abort"]["ttft_aim_s"] == 0.0016
+        assert abort["abort"]["chat_waited_s"] + abort["abort"]["prefill_left_s"] > 0.0016
         final = [d for d in log if d["request_id"] == abort["request_id"]]
         assert [d["action"] for d in final] == ["admit", "abort", "hold", "admit"]
         assert final[2]["reason"] == "interactive_waiting"  # the chat goes first

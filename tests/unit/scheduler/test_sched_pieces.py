@@ -3,22 +3,31 @@ admits the pieces of a long batch prompt (one at a time, pinned, after chat)."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
+from proxy.config import BudgetConfig
 from proxy.scheduler import HeldReason, Job
 from proxy.scheduler.pieces import (
+    CHUNK_PROBES,
+    ChatSigns,
+    Choice,
+    Chunking,
     EnginePieces,
     Piece,
     PiecingMode,
     aligned,
     cache_held,
     hits_held,
+    judge_chunking,
     next_piece,
     piece_size,
     plan,
 )
 
-from .helpers import B, I, check_accounting, check_turns, engine, job, make, sent
+from .helpers import B, I, check_accounting, check_turns, engine, job, make, sent, submit
 
 # -- the plan --------------------------------------------------------------------
 
@@ -137,12 +146,22 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     assert report["enabled"] is False and report["fallbacks"] == 1
     assert report["reason"] == "the cache did not hold"
     assert report["prompt_token_cost_ms"] == pytest.approx(0.2)
-    assert "--long-prefill-token-threshold" in str(report["advice"])
+
+
+def test_the_floor_is_four_blocks_of_the_engine_not_a_fixed_size() -> None:
+    facts = EnginePieces(mode=PiecingMode.ON, target_s=0.08, idle_target_s=0.24)
+    facts.discovered(True, 32)
+    facts.answered(100, sent=0.0, now=0.2)  # 2 ms a token: a slow engine
+    assert facts.min_tokens == 128
+    assert facts.piece_tokens == 128  # 40 tokens would fit the aim: four blocks
+    facts.discovered(True, 16)
+    assert facts.piece_tokens == 64  # the floor follows the block
 
 
 # -- the scheduler ------------------------------------------------------------------
 
 BUDGET = {"initial_tokens": 8192, "min_tokens": 512, "max_tokens": 65536}
+BUDGET_INTERVAL_S = BudgetConfig().interval_s
 
 
 def piece(tokens: int, index: int, *, prompt: str = "p", pinned: str | None = None) -> Job:
@@ -200,15 +219,154 @@ def test_a_failed_pinned_request_is_unpinned_for_another_engine() -> None:
     assert sent(s) == {"long#4": "b"}
 
 
-def test_auto_pieces_only_while_chat_missed_its_aim_recently() -> None:
-    auto = EnginePieces(mode=PiecingMode.AUTO, need_s=120.0)
+def auto_facts(**fields: Any) -> EnginePieces:
+    facts = EnginePieces(mode=PiecingMode.AUTO, need_s=120.0, **fields)
+    facts.discovered(True, 16)
+    return facts
+
+
+@pytest.mark.parametrize(
+    ("signs", "pieces", "why"),
+    [
+        (ChatSigns(), False, "batch only: no chat here yet"),
+        (ChatSigns(streams=1), True, "chat live: 1 stream(s) in decode"),
+        (ChatSigns(in_prefill=2), True, "chat live: 2 chat(s) in prefill"),
+        (ChatSigns(queued=3), True, "chat live: 3 chat(s) queued"),
+        (ChatSigns(last_at=990.0), True, "chat expected: a chat was sent here 10.0 s ago"),
+        (ChatSigns(last_at=879.0), False, "batch only: no chat here for 121 s"),
+        (ChatSigns(missed_at=900.0), True, "chat missed its aim beside batch prefill 100.0 s ago"),
+        (ChatSigns(missed_at=870.0), False, "batch only: no chat here yet"),
+    ],
+)
+def test_auto_decides_ahead_from_what_is_known_of_chat(
+    signs: ChatSigns, pieces: bool, why: str
+) -> None:
+    assert auto_facts().choose(1000.0, signs) == Choice(pieces, why)
+
+
+def test_on_off_and_an_engine_that_may_not_piece() -> None:
+    live = ChatSigns(streams=4)
     on = EnginePieces(mode=PiecingMode.ON)
-    assert not auto.wanted(10.0, 5.0) and not on.wanted(10.0, None)  # not discovered
-    auto.discovered(True, 16)
-    on.discovered(True, 16)
-    assert on.wanted(10.0, None)  # on: always
-    assert not auto.wanted(10.0, None)  # chat never missed here
-    assert auto.wanted(10.0, 5.0) and auto.wanted(125.0, 5.0)
-    assert not auto.wanted(125.1, 5.0)  # the miss is older than need_s
-    auto.disable("the cache did not hold")
-    assert not auto.wanted(10.0, 5.0)
+    assert on.choose(0.0, live).pieces is False  # not discovered yet
+    on.discovered(None, 16)
+    assert on.choose(0.0, ChatSigns()) == Choice(True, "piecing: on in the configuration")
+    off = EnginePieces(mode=PiecingMode.OFF)
+    off.discovered(True, 16)
+    assert off.choose(0.0, live) == Choice(False, "piecing: off in the configuration")
+    facts = auto_facts()
+    facts.disable("the cache did not hold")
+    assert facts.choose(0.0, live) == Choice(False, "the cache did not hold")
+
+
+def test_an_engine_that_chunks_itself_gets_whole_prompts_until_chat_misses() -> None:
+    facts = auto_facts()
+    assert facts.depth == 1  # the first piece runs alone: it judges the engine
+    facts.judged(Chunking(True, "a 512-token piece ran in steps of at most 512 tokens"))
+    assert facts.depth == 2 and facts.chunks_itself is True
+    live = ChatSigns(streams=1)
+    choice = facts.choose(1000.0, live)
+    assert not choice.pieces and choice.why.startswith("the engine chunks itself: a 512")
+    missed = facts.choose(1000.0, ChatSigns(streams=1, missed_at=999.0))
+    assert missed == Choice(True, "chat live: 1 stream(s) in decode")
+    facts.judged(Chunking(False, "later"))  # judged once: a later piece changes nothing
+    assert facts.chunks_itself is True
+
+
+def test_pieces_that_cannot_tell_leave_the_chunking_unknown_then_pieces_go_two_at_a_time() -> None:
+    facts = auto_facts()
+    for _ in range(CHUNK_PROBES - 1):
+        facts.judged(None)
+        assert facts.chunks_itself is None and facts.depth == 1
+    facts.judged(None)
+    assert facts.chunks_itself is False and facts.depth == 2
+    assert facts.choose(0.0, ChatSigns(streams=1)).pieces
+
+
+def cumulative(**steps: float) -> dict[float, float]:
+    """Cumulative bucket counts from per-bucket counts named ``b<bound>``."""
+    out, total = {}, 0.0
+    for bound in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, math.inf):
+        total += steps.get(f"b{bound}", 0.0)
+        out[float(bound)] = total
+    return out
+
+
+@pytest.mark.parametrize(
+    ("steps", "streams", "chunks"),
+    [
+        # 512 new tokens beside one stream: 257-token steps (threshold 256) land in
+        # the 512 bucket, below the 1,024 one a whole step of 513 lands in
+        ({"b512": 2, "b1": 3}, 1, True),
+        ({"b1024": 1, "b1": 3}, 1, False),  # one step of 513
+        ({"b2048": 1}, 3, False),  # with other work: larger still
+        ({"b512": 1}, 1, True),  # the last step not counted yet: one of 512 holds it
+        ({"b1": 5}, 1, None),  # decode steps only: the piece's own are not counted yet
+        ({}, 1, None),  # no step at all
+        ({"b512": 2}, 0, None),  # nothing decoding: vLLM does not cap a lone prefill
+    ],
+)
+def test_the_step_histogram_around_a_lone_piece_tells_the_engine_s_chunking(
+    steps: dict[str, float], streams: int, chunks: bool | None
+) -> None:
+    before = cumulative(b1=100, b512=7, b2048=3)
+    grown = {k: before_count + steps.get(k, 0.0) for k, before_count in
+             {"b1": 100.0, "b512": 7.0, "b2048": 3.0, "b1024": 0.0}.items()}  # fmt: skip
+    after = cumulative(**grown)
+    verdict = judge_chunking(512, streams, before, after)
+    assert (None if verdict is None else verdict.chunks) == chunks
+    assert judge_chunking(512, 1, {}, after) is None  # no histogram exported
+
+
+# -- the trigger, driven through the scheduler -----------------------------------------
+
+
+def test_an_engine_that_serves_only_batch_through_many_budget_loop_runs_never_pieces() -> None:
+    s, clock = make(engine("a", budget=BUDGET))
+    facts = auto_facts()
+    for n in range(200):  # a closed loop of batch prompts, the budget loop running
+        j = submit(s, B, 3000, id=f"b{n}")
+        assert sent(s) == {j.id: "a"}
+        clock.advance(0.4)
+        s.on_first_token(j.id)
+        s.on_token_gap(j.id, 0.02)
+        clock.advance(0.2)
+        s.on_finished(j.id)
+        s.tick()
+        choice = facts.choose(clock.now(), s.chat_signs("a"))
+        assert not choice.pieces, (n, choice)
+    assert s.engines["a"].budget.missed_at is None
+    assert clock.now() > 10 * BUDGET_INTERVAL_S
+
+
+def test_the_first_chat_turns_piecing_on_for_what_is_not_sent_yet() -> None:
+    s, clock = make(engine("a", budget=BUDGET), engine("b", "other", budget=BUDGET))
+    facts = auto_facts()
+    assert not facts.choose(clock.now(), s.chat_signs("a")).pieces
+    chat = submit(s, I, 50, id="chat")
+    assert facts.choose(clock.now(), s.chat_signs("a")).why == "chat live: 1 chat(s) queued"
+    assert not facts.choose(clock.now(), s.chat_signs("b")).pieces  # not its model
+    assert sent(s) == {"chat": "a"}
+    assert facts.choose(clock.now(), s.chat_signs("a")).why == "chat live: 1 chat(s) in prefill"
+    s.on_first_token(chat.id)
+    assert facts.choose(clock.now(), s.chat_signs("a")).why == "chat live: 1 stream(s) in decode"
+    clock.advance(30.0)
+    s.on_finished(chat.id)
+    clock.advance(60.0)
+    expected = facts.choose(clock.now(), s.chat_signs("a"))
+    assert expected == Choice(True, "chat expected: a chat was sent here 90.0 s ago")
+    clock.advance(31.0)
+    assert facts.choose(clock.now(), s.chat_signs("a")) == Choice(
+        False, "batch only: no chat here for 121 s"
+    )
+
+
+def test_one_piece_at_a_time_while_the_engine_s_chunking_is_judged() -> None:
+    s, _ = make(engine("a", budget=BUDGET))
+    s.set_piece_depth("a", 1)
+    for j in (piece(512, 1, prompt="x"), piece(512, 1, prompt="y")):
+        s.submit(j)
+    assert sent(s) == {"x#1": "a"}
+    assert s.jobs["y#1"].held is HeldReason.PREFILL_BUDGET
+    s.set_piece_depth("a", 2)
+    assert sent(s) == {"y#1": "a"}
+    check_accounting(s)
