@@ -124,7 +124,7 @@ def ratios(proxy: Sequence[Burst], fcfs: Sequence[Burst]) -> list[dict[str, Any]
 
 def _median_burst(bs: Sequence[Burst]) -> Burst:
     def med(key: str) -> float:
-        return statistics.median(getattr(b, key) for b in bs)
+        return float(statistics.median(float(getattr(b, key)) for b in bs))
 
     return Burst("median", 1, med("ttft_max"), med("done_max"), med("worst_gap"),
                  med("makespan"), sum(b.errors for b in bs))  # fmt: skip

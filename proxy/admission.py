@@ -282,6 +282,11 @@ class Admission:
         """Streams decoding on ``engine`` now, of every class."""
         return self._scheduler.engines[engine].decode_streams()
 
+    def widest_gap(self, engine: str, start: float, end: float) -> float | None:
+        """The widest gap of an interactive stream on ``engine`` that ended after
+        ``start`` and by ``end`` (None: none ended then)."""
+        return max(self._scheduler.engines[engine].stream_gaps.between(start, end), default=None)
+
     def own_loads(self) -> dict[str, ReplicaLoad]:
         """This replica's load on each engine, for the shared ledger."""
         return self._scheduler.own_loads()

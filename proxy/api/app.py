@@ -20,6 +20,7 @@ from proxy.api.docs import ModelList, Readiness, completion_route_docs, error_re
 from proxy.api.errors import install_error_handlers
 from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
+from proxy.api.pieces import PieceChoice
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
 from proxy.batch import install_batch_routes
@@ -71,10 +72,16 @@ def create_app(
         lambda request: _state(request).admission,
         _piece_facts,
         lambda request: _state(request).replica,
+        _piece_choices,
     )
     install_status_route(app)
     install_batch_routes(app, lambda request: _state(request).batch)
     return app
+
+
+def _piece_choices(request: Request, limit: int) -> list[PieceChoice]:
+    pieces = _state(request).forwarder.pieces
+    return [] if pieces is None else pieces.choices(limit)
 
 
 def _piece_facts(request: Request) -> dict[str, dict[str, object]] | None:

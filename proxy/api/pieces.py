@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -121,6 +121,17 @@ class PieceMetrics:
             self.fallbacks.labels(name, reason)
 
 
+@dataclass(frozen=True)
+class PieceChoice:
+    """A long batch prompt went whole or in pieces to ``engine`` at ``time`` (the
+    proxy's clock), and why."""
+
+    time: float
+    request_id: str
+    engine: str
+    choice: Choice
+
+
 @dataclass
 class Pieced:
     """A prompt to be sent in pieces: its token ids, and its first piece."""
@@ -157,7 +168,7 @@ class Piecer:
         self.idle_target_s = idle_target_s
         self.board: dict[str, EnginePieces] = {}
         self._discovered: set[str] = set()
-        self._choices: deque[dict[str, object]] = deque(maxlen=CHOICES_KEPT)
+        self._choices: deque[PieceChoice] = deque(maxlen=CHOICES_KEPT)
         self.metrics = PieceMetrics(registry)
         for config in engines:
             if not config.by_dns:
@@ -242,7 +253,7 @@ class Piecer:
             out[name] = {**facts.report(), "piecing_now": choice.pieces, "why": choice.why}
         return out
 
-    def choices(self, limit: int) -> list[dict[str, object]]:
+    def choices(self, limit: int) -> list[PieceChoice]:
         """The ``limit`` most recent choices of whole or pieces, oldest first."""
         return list(self._choices)[-limit:] if limit > 0 else []
 
@@ -255,10 +266,7 @@ class Piecer:
 
     def _chose(self, ticket: Ticket, engine: str, choice: Choice) -> None:
         """Keep a choice for ``/turn/log``."""
-        self._choices.append({
-            "time": round(self.clock.now(), 3), "request_id": ticket.id, "engine": engine,
-            "pieces": choice.pieces, "why": choice.why,
-        })  # fmt: skip
+        self._choices.append(PieceChoice(self.clock.now(), ticket.id, engine, choice))
 
     # -- the request path ------------------------------------------------------
 
@@ -426,11 +434,11 @@ class Piecer:
             if answered and facts.cache_check != CACHED_TOKENS:
                 before = await Hits.read_from(client)
             if probe is not None:
-                await self._probe_start(probe, engine, client)
+                self._probe_start(probe, engine)
             ids = run.pieced.ids[: piece.end]
             cached, sent = await self._send(run.ticket, admitted, ids, started)
             if probe is not None:
-                await self._probe_end(probe, engine, client, facts)
+                await self._probe_end(probe, engine, facts)
         except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
             logger.warning("%s: piece %d failed on %s: %s", run.ticket.id, piece.index, engine, exc)
             run.failed = run.failed or "piece_failed"
@@ -451,29 +459,24 @@ class Piecer:
         facts.answered(piece.new_tokens, sent, now)
         run.answered = max(run.answered, piece.end)
 
-    async def _probe_start(self, probe: _Probe, engine: str, client: EngineClient) -> None:
-        """Before a piece that is to judge the engine's chunking: its step histogram,
-        and whether the piece is its only prefill work, beside how many streams."""
+    def _probe_start(self, probe: _Probe, engine: str) -> None:
+        """Before a piece that is to judge the engine's chunking: whether it is the
+        engine's only prefill work, and when it was sent."""
         probe.alone = self.admission.prefill_tokens(engine) == probe.tokens
-        probe.streams = self.admission.decode_streams(engine)
-        probe.before = await client.step_tokens()
+        probe.sent = self.clock.now()
 
-    async def _probe_end(
-        self, probe: _Probe, engine: str, client: EngineClient, facts: EnginePieces
-    ) -> None:
-        """After it: judge, if the piece stayed alone (else it tells nothing)."""
-        verdict = None
+    async def _probe_end(self, probe: _Probe, engine: str, facts: EnginePieces) -> None:
+        """After it: judge by the widest gap of a chat stream there meanwhile, if the
+        piece stayed alone (else it tells nothing)."""
+        answered = self.clock.now()
         alone = probe.alone and self.admission.prefill_tokens(engine) == probe.tokens
-        if alone and probe.streams == 0 and probe.before:
-            return  # vLLM does not cap a prefill that runs alone: ask the next piece
-        telling = alone and bool(probe.before)
-        for attempt in range(2 if telling else 0):
-            if attempt:  # the engine counts a step a moment after its tokens
-                await anyio.sleep(HITS_SETTLE_S)
-            after = await client.step_tokens()
-            verdict = judge_chunking(probe.tokens, probe.streams, probe.before, after)
-            if verdict is not None:
-                break
+        if alone and self.admission.interactive_streams(engine) == 0:
+            return  # no stream to stall: the next piece asks again
+        verdict = None
+        if alone:
+            await anyio.sleep(GAP_SETTLE_S)  # the stream's token of the piece's last step
+            widest = self.admission.widest_gap(engine, probe.sent, self.clock.now())
+            verdict = judge_chunking(probe.tokens, answered - probe.sent, widest)
         known = facts.chunks_itself is not None
         facts.judged(verdict)
         if facts.chunks_itself is None or known:
@@ -561,6 +564,7 @@ class Piecer:
 CACHED_TOKENS = "cached_tokens"
 PREFIX_CACHE_HITS = "prefix_cache_hits"
 HITS_SETTLE_S = 0.25
+GAP_SETTLE_S = 0.05  # a stream's token of a piece's step comes a moment after it
 NOT_CHECKABLE = (
     "the engine reports neither cached_tokens nor vllm:prefix_cache_hits, so pieces "
     "cannot be checked (start it with --enable-prompt-tokens-details)"
@@ -591,13 +595,11 @@ class Hits:
 @dataclass
 class _Probe:
     """A piece that judges the engine's own chunking: its new ``tokens``, whether it
-    was the engine's only prefill work when sent, the streams decoding beside it and
-    the step histogram before it."""
+    was the engine's only prefill work when sent, and when it was sent."""
 
     tokens: int
     alone: bool = False
-    streams: int = 0
-    before: dict[float, float] = field(default_factory=dict)
+    sent: float = 0.0
 
 
 @dataclass

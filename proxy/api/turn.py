@@ -9,7 +9,7 @@ this edge. All three are reads: they never run the scheduler or change its state
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
+from proxy.api.pieces import PieceChoice
 from proxy.batch.lines import job_line
 from proxy.scheduler import Abort
 from proxy.scheduler.budget import BudgetChange
@@ -126,14 +127,29 @@ def _abort_body(abort: Abort | None) -> dict[str, Any] | None:
     }
 
 
-def log_body(admission: Admission, limit: int) -> dict[str, Any]:
-    """The most recent decisions, oldest first, with wall-clock times; and the most
-    recent moves of the budgets (``budget``), each with the numbers it judged."""
+def log_body(
+    admission: Admission, limit: int, choices: Sequence[PieceChoice] = ()
+) -> dict[str, Any]:
+    """The most recent decisions, oldest first, with wall-clock times; the most
+    recent moves of the budgets (``budget``), each with the numbers it judged; and
+    the most recent choices of whole or pieces for a long batch prompt (``piecing``:
+    the engine, and why)."""
     offset = time.time() - admission.now()
     decisions = admission.decisions(limit)
     moves = admission.budget_changes(limit)
     return {
         "budget": [budget_change_body(name, c, offset) for name, c in moves],
+        "piecing": [
+            {
+                "time": _iso(c.time + offset),
+                "engine": c.engine,
+                "request_id": c.request_id,
+                "pieces": c.choice.pieces,
+                "why": c.choice.why,
+                "batch": _batch_line(c.request_id),
+            }
+            for c in choices
+        ],
         "decisions": [
             {
                 "time": _iso(d.time + offset),
@@ -158,10 +174,12 @@ def install_turn_routes(
     admission_of: Callable[[Request], Admission],
     pieces_of: Callable[[Request], dict[str, dict[str, object]] | None] = lambda _: None,
     replica_of: Callable[[Request], str | None] = lambda _: None,
+    choices_of: Callable[[Request, int], Sequence[PieceChoice]] = lambda _, __: (),
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
     ``pieces_of(request)`` its engines' piecing facts, if it has any;
-    ``replica_of(request)`` its replica name."""
+    ``replica_of(request)`` its replica name; ``choices_of(request, limit)`` its most
+    recent piecing choices."""
 
     @app.get("/turn", response_model=None)
     async def turn(request: Request) -> Response:
@@ -172,7 +190,7 @@ def install_turn_routes(
 
     @app.get("/turn/log")
     async def turn_log(request: Request, limit: int = 100) -> JSONResponse:
-        return JSONResponse(log_body(admission_of(request), limit))
+        return JSONResponse(log_body(admission_of(request), limit, choices_of(request, limit)))
 
     @app.get("/turn/history")
     async def turn_history(request: Request, seconds: int = 60) -> JSONResponse:

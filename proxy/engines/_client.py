@@ -38,7 +38,6 @@ from proxy.engines._metrics import (
     parse_cache_facts,
     parse_load,
     parse_prefix_cache_hits,
-    parse_step_tokens,
 )
 from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE, TokenCountCache, content_key
 from proxy.scheduler import EngineLoad
@@ -125,15 +124,6 @@ class EngineClient:
         response = await self._call("GET", "/metrics")
         try:
             return parse_prefix_cache_hits(response.text)
-        except MetricsParseError as exc:
-            raise self._bad("/metrics", exc) from exc
-
-    async def step_tokens(self) -> dict[float, float]:
-        """The engine's step-size histogram as its ``GET /metrics`` says (bucket
-        bound in tokens to cumulative steps; empty: not exported)."""
-        response = await self._call("GET", "/metrics")
-        try:
-            return parse_step_tokens(response.text)
         except MetricsParseError as exc:
             raise self._bad("/metrics", exc) from exc
 

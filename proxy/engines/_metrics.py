@@ -116,39 +116,6 @@ def parse_prefix_cache_hits(text: str) -> float | None:
     return total if seen else None
 
 
-STEP_TOKENS = "vllm:iteration_tokens_total_bucket"
-
-
-def parse_step_tokens(text: str) -> dict[float, float]:
-    """The engine's step-size histogram (``vllm:iteration_tokens_total``): each
-    bucket's upper bound in tokens to its cumulative count of steps, summed over
-    data-parallel ranks; empty if the engine does not export it. Read line by line,
-    as :func:`parse_prefix_cache_hits`."""
-    buckets: dict[float, float] = defaultdict(float)
-    for line in text.splitlines():
-        if not line.startswith(STEP_TOKENS + "{"):
-            continue
-        labels, _, rest = line.partition("}")
-        le = _label(labels, "le")
-        fields = rest.split()
-        try:
-            bound, value = float(le or "nan"), float(fields[0])
-        except (IndexError, ValueError) as exc:
-            raise MetricsParseError(f"{STEP_TOKENS}: no bound or value in {line!r}") from exc
-        if not math.isnan(bound) and math.isfinite(value):
-            buckets[bound] += value
-    return dict(buckets)
-
-
-def _label(labels: str, name: str) -> str | None:
-    key = f'{name}="'
-    start = labels.find(key)
-    if start < 0:
-        return None
-    start += len(key)
-    return labels[start : labels.find('"', start)]
-
-
 def _cache_facts(labels: dict[str, str]) -> CacheFacts:
     caching = labels.get("enable_prefix_caching")
     block = labels.get("block_size", "")

@@ -85,6 +85,10 @@ class SlidingWindow:
         """The samples within the span before ``now`` added after ``after`` (a read)."""
         return [v for t, n, v in self._samples if n > after and t >= now - self.span]
 
+    def between(self, start: float, end: float) -> list[float]:
+        """The samples taken after ``start`` and at or before ``end`` (a read)."""
+        return [v for t, _, v in self._samples if start < t <= end]
+
 
 @dataclass(frozen=True)
 class BudgetChange:

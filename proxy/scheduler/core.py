@@ -560,9 +560,12 @@ class Scheduler:
         """An interactive stream's gap between two tokens; only streams that shared
         their engine with batch prefill feed the budget loop (batch gaps never)."""
         job = self.jobs.get(job_id)
-        if job is None or job.engine is None or not job.beside_batch:
+        if job is None or job.engine is None or job.cls is not TrafficClass.INTERACTIVE:
             return
-        self.engines[job.engine].budget.observe_gap(self.clock.now(), gap_s)
+        engine, now = self.engines[job.engine], self.clock.now()
+        engine.stream_gaps.add(now, gap_s)
+        if job.beside_batch:
+            engine.budget.observe_gap(now, gap_s)
 
     def on_finished(self, job_id: str) -> Job | None:
         return self.cancel(job_id)

@@ -39,9 +39,8 @@ answered.
 from __future__ import annotations
 
 import enum
-import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from proxy.scheduler.types import Job, Phase
@@ -112,9 +111,11 @@ NEED_S = 120.0
 """How long chat seen on an engine (sent there, or missing its aim there) keeps
 ``auto`` piecing there."""
 
-MIN_PIECE_BLOCKS = 4
-"""The smallest piece, in the engine's KV blocks: below that, a piece's request costs
-the engine more in its step's fixed part than it spares a chat."""
+MIN_PIECE_TOKENS = 64
+"""The smallest piece is the fewest whole KV blocks of the engine that hold this
+many tokens (one block of 128 on vLLM's CPU build, four of 16 on a GPU's default):
+below that, a piece's request costs the engine more in its step's fixed part than
+it spares a chat."""
 
 CHUNK_PROBES = 3
 """Pieces that may leave the engine's own chunking unjudged (other work in the same
@@ -191,7 +192,7 @@ class EnginePieces:
     :data:`PIECE_DEPTH` pieces in the engine, then its own short prefill: together
     they should take about ``idle_target_s`` (the TTFT aim). While chat streams
     decode there, one piece should also take no more than ``target_s`` (the gap aim).
-    The floor is :data:`MIN_PIECE_BLOCKS` of the engine's KV block (from its
+    The floor is :data:`MIN_PIECE_TOKENS` in whole KV blocks of the engine (from its
     ``vllm:cache_config_info``), so a slow engine gets pieces that fit the aims.
 
     The cost is the engine's, not the request's round trip: a piece's time starts
@@ -235,7 +236,7 @@ class EnginePieces:
 
     @property
     def min_tokens(self) -> int:
-        return MIN_PIECE_BLOCKS * self.block_size
+        return -(-MIN_PIECE_TOKENS // self.block_size) * self.block_size
 
     @property
     def depth(self) -> int:
@@ -372,38 +373,34 @@ class Chunking:
     why: str
 
 
-def judge_chunking(
-    piece_tokens: int, streams: int, before: Mapping[float, float], after: Mapping[float, float]
-) -> Chunking | None:
-    """What the engine's step-size histogram (``vllm:iteration_tokens_total``, bucket
-    bound to cumulative count) read ``before`` and ``after`` a piece of
-    ``piece_tokens`` new tokens tells, if that piece was the only prefill work in the
-    engine beside ``streams`` decoding streams: the piece in one step lands in the
-    bucket of ``piece_tokens + streams`` (or above, with other work); every step in a
-    lower bucket means the engine cut the piece itself. None if it cannot tell: no
-    histogram, too few steps seen to hold the piece, or no stream decoding (vLLM
-    does not cap a long prefill that runs alone)."""
-    if not before or not after or streams < 1:
+ONE_STEP_SHARE = 0.75
+"""A chat stream's widest gap while a piece ran, as a share of the piece's time, at
+or above which the engine ran the piece in one step."""
+CUT_SHARE = 0.6
+"""At or below which the engine cut the piece into smaller steps itself."""
+MIN_JUDGED_S = 0.02
+"""A piece quicker than this tells nothing beside the decode steps' own time."""
+
+
+def judge_chunking(tokens: int, piece_s: float, widest_gap_s: float | None) -> Chunking | None:
+    """What a piece of ``tokens`` new tokens that was the engine's only prefill work,
+    and took ``piece_s`` from its send to its answer, tells of the engine's own
+    chunking, given the widest gap of a chat stream decoding there meanwhile: run
+    in one step, the piece stalls the stream for about its whole time; cut into
+    steps, for a share of it (half, for two). None if it cannot tell: no stream
+    decoded, the piece was too quick, or the share falls between the two bounds."""
+    if widest_gap_s is None or piece_s < MIN_JUDGED_S:
         return None
-    grown = {le: _in_bucket(after, le) - _in_bucket(before, le) for le in sorted(after)}
-    grown = {le: n for le, n in grown.items() if n > 0}
-    # the steps seen must have room for the piece: a step the engine had not yet
-    # counted when the histogram was read must not pass for a cut
-    if sum(n * le for le, n in grown.items()) < piece_tokens:
-        return None
-    whole = next((le for le in sorted(after) if le >= piece_tokens + streams), math.inf)
-    largest = max(grown)
-    if largest >= whole:
-        return Chunking(False, f"a {piece_tokens}-token piece ran in one step")
-    return Chunking(
-        True, f"a {piece_tokens}-token piece ran in steps of at most {largest:.0f} tokens"
+    share = widest_gap_s / piece_s
+    seen = (
+        f"a {tokens}-token piece of {piece_s * 1000:.0f} ms stalled a chat stream for at "
+        f"most {widest_gap_s * 1000:.0f} ms"
     )
-
-
-def _in_bucket(cumulative: Mapping[float, float], le: float) -> float:
-    """Steps in the bucket ending at ``le`` alone, from cumulative counts."""
-    lower = [b for b in cumulative if b < le]
-    return cumulative[le] - (cumulative[max(lower)] if lower else 0.0)
+    if share >= ONE_STEP_SHARE:
+        return Chunking(False, f"{seen}: one step")
+    if share <= CUT_SHARE:
+        return Chunking(True, f"{seen}: the engine cut it into smaller steps")
+    return None
 
 
 ADVICE = (

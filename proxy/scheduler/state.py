@@ -21,10 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import EngineConfig
-from proxy.scheduler.budget import BudgetController
+from proxy.scheduler.budget import BudgetController, SlidingWindow
 from proxy.scheduler.history import Second, TurnHistory
 from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
+
+STREAM_GAPS_SPAN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class EngineState:
         self._count = dict.fromkeys(TrafficClass, 0)  # jobs in flight
         self._chats_in_prefill: dict[str, Job] = {}
         self.last_chat_at: float | None = None  # when a chat was last dispatched here
+        # every interactive stream's gaps here, as they end (the piecer reads the
+        # widest while a piece ran, to tell whether the engine cut it)
+        self.stream_gaps = SlidingWindow(STREAM_GAPS_SPAN_S)
         self.piece_depth = PIECE_DEPTH  # pieces in prefill at once (scheduler.pieces)
         self.rank: tuple[int, int, str] = (0, 0, self.name)
         """(prompt tokens in prefill, jobs in flight, name): least is where a chat waits

@@ -193,6 +193,39 @@ def test_pieces_cut_chat_waits_behind_long_prompts(tmp_path: Path) -> None:
     assert makespan <= 1.25
 
 
+@pytest.mark.timeout(300)
+def test_the_first_burst_beside_a_running_stream_is_pieced_on_the_defaults(
+    tmp_path: Path,
+) -> None:
+    """A fresh engine and a fresh proxy with no piecing setting: the first burst of
+    long batch prompts beside a running chat stream. The simulated engine (vLLM's
+    default flags) stalls the stream for a whole 2,048-token step per chunk when
+    the prompts go whole, as it does straight to the engine; the proxy pieces them
+    from the first, because chat is live there (a stream in decode), not after it
+    has missed its aim."""
+    with spawn_sim(time_scale=TIME_SCALE) as sim:
+        direct = asyncio.run(run_arm(sim.base_url, sim.base_url, "/v1/completions"))
+    with spawn_sim(time_scale=TIME_SCALE) as sim, proxy(tmp_path, sim.base_url, "auto") as px:
+        first = asyncio.run(run_arm(px.base_url, px.base_url, "/batch/v1/completions"))
+        pieces = px.metric("whoseturn_prefill_pieces_total")
+        facts = px.http.get("/turn").json()["engines"][0]["piecing"]
+        log = px.http.get("/turn/log", params={"limit": 1000}).json()["piecing"]
+    print()
+    report("direct FCFS       ", direct)
+    report("proxy, first burst", first)
+    print(f"{pieces:.0f} pieces; {facts}")
+    # the stall is there without pieces: a stream gap of a whole step
+    assert direct.worst_gap() > STALL_S and direct.stalled_s() > 2 * STALL_S
+    assert first.answers == direct.answers
+    assert pieces >= BATCH_PROMPTS and facts["chunks_itself"] is False
+    assert log and all(c["pieces"] for c in log)
+    assert log[0]["why"] == "chat live: 1 stream(s) in decode"
+    # margins as in the test above: one stall of a starved process can stretch a gap
+    assert first.worst_gap() <= 0.75 * direct.worst_gap()
+    assert first.stalled_s() <= 0.25 * direct.stalled_s()
+    assert first.ttft_p50 <= 0.5 * direct.ttft_p50
+
+
 @pytest.mark.timeout(120)
 def test_batch_api_chat_lines_are_pieced_and_answered_as_without(tmp_path: Path) -> None:
     """Batch API chat lines: their messages are tokenized through the engine's chat

@@ -3,6 +3,7 @@ check and its fallback, a failed piece, and what ``/turn`` and ``/metrics`` say.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,16 +15,23 @@ import pytest
 
 from proxy.api.app import create_app
 from proxy.clock import VirtualClock
-from proxy.config import Settings
+from proxy.config import BudgetConfig, Settings
+from proxy.scheduler import TrafficClass
 from proxy.server import ProxyState
+from tests.support.polling import wait_until
 
 from .helpers import (
+    CHAT,
     COMPLETIONS,
+    MESSAGES,
     METRICS,
     Call,
     FakeEngines,
+    chat_chunk,
+    chat_events,
     completion_chunk,
     completion_events,
+    delta,
     sse,
     stream_response,
     text,
@@ -62,13 +70,14 @@ class CachingEngines(FakeEngines):
         self.fail_piece: int | None = None
         self.generate = self.answer
 
-    def answer(self, call: Call) -> httpx.Response:
+    def answer(self, call: Call, advance: bool = True) -> httpx.Response:
         prompt = call.body["prompt"]
         ids = prompt if isinstance(prompt, list) else list(range(TOKENS))
         if isinstance(prompt, list) and len(self.pieces()) == self.fail_piece:
             return httpx.Response(500, json={"error": {"message": "boom"}})
         cached = max((n for n in self.cache if n < len(ids)), default=0)
-        self.clock.advance(0.0002 * (len(ids) - cached))  # 0.2 ms a new prompt token
+        if advance:
+            self.clock.advance(0.0002 * (len(ids) - cached))  # 0.2 ms a new prompt token
         self.cache.add(len(ids) // 16 * 16)
         self.hits += cached
         usage: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": 1}
@@ -305,3 +314,183 @@ async def test_a_client_gone_mid_piece_leaves_nothing_in_the_scheduler() -> None
         assert state.scheduler.jobs == {}  # every piece's job left the scheduler
         assert all(not e.inflight for e in state.scheduler.engines.values())
         release.set()
+
+
+# -- deciding ahead ---------------------------------------------------------------
+
+
+class Opened(httpx.AsyncByteStream):
+    """A streamed answer that sends ``first`` events, then the rest once ``release``
+    is set."""
+
+    def __init__(self, events: list[bytes], first: int) -> None:
+        self.events, self.first = events, first
+        self.release = anyio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for n, event in enumerate(self.events):
+            if n == self.first:
+                await self.release.wait()
+            yield event
+
+
+def held(stream: Opened) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+
+class TokenStream(httpx.AsyncByteStream):
+    """A chat stream that sends its role and first token, then one token each time
+    :meth:`token` is awaited (which returns once the proxy has read it), and ends
+    when :meth:`end` is."""
+
+    def __init__(self) -> None:
+        self._in, self._out = anyio.create_memory_object_stream[bytes | None]()
+        self.read = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        events = chat_events(("first",))
+        yield events[0]
+        yield events[1]
+        with self._out:
+            async for event in self._out:
+                if event is None:
+                    break
+                yield event
+                self.read += 1  # the proxy asked for more: it has handled the last one
+        for event in events[2:]:
+            yield event
+
+    async def token(self) -> None:
+        read = self.read
+        await self._in.send(sse(chat_chunk(delta(content="x"))))
+        await wait_until(lambda: self.read > read, timeout_s=5)
+
+    async def end(self) -> None:
+        with self._in:
+            await self._in.send(None)
+
+
+class SteppingEngines(CachingEngines):
+    """Caching engines that compute a piece in steps beside a chat stream: one step
+    of all its new tokens, or steps of ``threshold`` tokens where the engine chunks
+    long prefills itself; the stream gets a token after each step."""
+
+    def __init__(self, threshold: int | None = None) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.stream = TokenStream()
+
+    async def step(self, call: Call) -> httpx.Response:
+        if call.path == CHAT:
+            return held(self.stream)
+        prompt = call.body["prompt"]
+        if not isinstance(prompt, list):
+            return self.answer(call)
+        cached = max((n for n in self.cache if n < len(prompt)), default=0)
+        new = len(prompt) - cached
+        size = new if self.threshold is None else self.threshold
+        for start in range(0, new, size):
+            self.clock.advance(0.0002 * min(size, new - start))
+            await self.stream.token()
+        return self.answer(call, advance=False)
+
+
+async def test_a_chat_that_comes_while_a_prompt_waits_turns_it_into_pieces() -> None:
+    engines = CachingEngines()
+    first = Opened(completion_events(), first=0)
+    whole = 0
+
+    def generate(call: Call) -> httpx.Response:
+        nonlocal whole
+        if call.path == COMPLETIONS and isinstance(call.body["prompt"], str):
+            whole += 1
+            if whole == 1:
+                return held(first)  # the first prompt stays in prefill
+        return engines.answer(call) if call.path == COMPLETIONS else stream_response(chat_events())
+
+    engines.generate = generate
+    budget = BudgetConfig(initial_tokens=2500, min_tokens=512)
+    config = engines.config("a", piecing="auto", piece_tokens=512, budget=budget)
+    async with running(engines.settings(engines=(config,)), engines) as (client, state):
+        async with anyio.create_task_group() as group:
+            group.start_soon(post, client)
+            await wait_until(lambda: whole == 1, timeout_s=5)
+            group.start_soon(post, client)  # waits in the proxy: the budget is full
+            await wait_until(lambda: len(state.scheduler.queues[TrafficClass.BATCH]) == 1)
+            assert engines.pieces() == []  # no chat yet: the first went whole
+            chat = {"model": "m", "messages": MESSAGES, "max_tokens": 3}
+            assert (await client.post(CHAT, json=chat)).status_code == 200
+            first.release.set()
+        assert engines.pieces()[:1] == [512] and len(engines.whole()) == 2
+        # chosen when its turn came, then again for its first piece on that engine
+        choices = (await client.get("/turn/log")).json()["piecing"]
+        assert [(c["pieces"], c["engine"]) for c in choices] == [(True, "a"), (True, "a")]
+        assert choices[0]["why"].startswith("chat expected: a chat was sent here")
+
+
+@pytest.mark.parametrize("threshold", [256, None])
+async def test_the_first_piece_beside_a_stream_tells_whether_the_engine_chunks_itself(
+    threshold: int | None,
+) -> None:
+    engines = SteppingEngines(threshold)
+    engines.generate = engines.step
+    async with running(settings(engines, "auto"), engines) as (client, state):
+        async with anyio.create_task_group() as group:
+            body = {"model": "m", "messages": MESSAGES, "max_tokens": 30, "stream": True}
+            group.start_soon(functools.partial(client.post, CHAT, json=body))
+            await wait_until(lambda: state.admission.interactive_streams("a") == 1, timeout_s=5)
+            assert state.scheduler.engines["a"].piece_depth == 1  # not judged yet
+            assert (await post(client)).status_code == 200
+            assert (await post(client)).status_code == 200
+            piecing = facts((await client.get("/turn")).json())
+            await engines.stream.end()
+        assert piecing["chunks_itself"] is (threshold is not None)
+        assert state.scheduler.engines["a"].piece_depth == 2
+        if threshold is not None:
+            # the first piece told: the rest of that prompt and the next one go whole
+            assert engines.pieces() == [512] and len(engines.whole()) == 2
+            assert piecing["chunking"] == (
+                "a 512-token piece of 102 ms stalled a chat stream for at most 51 ms: "
+                "the engine cut it into smaller steps"
+            )
+            assert piecing["why"].startswith("the engine chunks itself: a 512-token piece")
+            assert piecing["piecing_now"] is False
+        else:
+            assert len(engines.pieces()) > 2 and piecing["piecing_now"] is True
+            assert piecing["chunking"].endswith(
+                "stalled a chat stream for at most 102 ms: one step"
+            )
+
+
+class BlockEngines(CachingEngines):
+    """Caching engines ``a`` and ``b`` whose KV blocks differ in size."""
+
+    def __init__(self, blocks: dict[str, int]) -> None:
+        super().__init__()
+        self.models = {name: ["m"] for name in blocks}
+        self.blocks = blocks
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        response = await super().__call__(request)
+        if request.url.path != "/metrics":
+            return response
+        name = request.url.host.removesuffix(".engine.test")
+        said = f'block_size="{self.blocks[name]}"'
+        return httpx.Response(200, text=response.text.replace('block_size="16"', said))
+
+
+async def test_every_piece_ends_on_a_block_boundary_of_the_engine_it_goes_to() -> None:
+    engines = BlockEngines({"a": 16, "b": 48})
+    configs = tuple(engines.config(n, piecing="on", piece_tokens=500) for n in ("a", "b"))
+    async with (
+        running(engines.settings(engines=configs), engines) as (client, _),
+        anyio.create_task_group() as group,
+    ):
+        for _ in range(2):  # two at once: the first pieces go to both engines
+            group.start_soon(post, client)
+    pieces = [c for c in engines.seen(COMPLETIONS) if isinstance(c.body["prompt"], list)]
+    assert {c.engine for c in pieces} == {"a", "b"}
+    # the first piece is not pinned: 500 tokens end on a block of either engine (480)
+    assert sorted(len(c.body["prompt"]) for c in pieces)[:2] == [480, 480]
+    for c in pieces:
+        assert len(c.body["prompt"]) % engines.blocks[c.engine] == 0, c

@@ -3,7 +3,6 @@ admits the pieces of a long batch prompt (one at a time, pinned, after chat)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -148,14 +147,16 @@ def test_the_piece_size_adapts_to_the_measured_cost_and_a_miss_turns_piecing_off
     assert report["prompt_token_cost_ms"] == pytest.approx(0.2)
 
 
-def test_the_floor_is_four_blocks_of_the_engine_not_a_fixed_size() -> None:
+def test_the_floor_is_whole_blocks_of_the_engine_not_a_fixed_size() -> None:
     facts = EnginePieces(mode=PiecingMode.ON, target_s=0.08, idle_target_s=0.24)
-    facts.discovered(True, 32)
+    facts.discovered(True, 128)
     facts.answered(100, sent=0.0, now=0.2)  # 2 ms a token: a slow engine
     assert facts.min_tokens == 128
-    assert facts.piece_tokens == 128  # 40 tokens would fit the aim: four blocks
+    assert facts.piece_tokens == 128  # 40 tokens would fit the aim: one block of 128
     facts.discovered(True, 16)
-    assert facts.piece_tokens == 64  # the floor follows the block
+    assert facts.piece_tokens == 64  # the floor follows the block: four of 16
+    facts.discovered(True, 48)
+    assert facts.piece_tokens == 96
 
 
 # -- the scheduler ------------------------------------------------------------------
@@ -261,11 +262,11 @@ def test_on_off_and_an_engine_that_may_not_piece() -> None:
 def test_an_engine_that_chunks_itself_gets_whole_prompts_until_chat_misses() -> None:
     facts = auto_facts()
     assert facts.depth == 1  # the first piece runs alone: it judges the engine
-    facts.judged(Chunking(True, "a 512-token piece ran in steps of at most 512 tokens"))
+    facts.judged(Chunking(True, "a 512-token piece of 400 ms stalled a chat stream for 200 ms"))
     assert facts.depth == 2 and facts.chunks_itself is True
     live = ChatSigns(streams=1)
     choice = facts.choose(1000.0, live)
-    assert not choice.pieces and choice.why.startswith("the engine chunks itself: a 512")
+    assert not choice.pieces and choice.why.startswith("the engine chunks itself: a 512-token")
     missed = facts.choose(1000.0, ChatSigns(streams=1, missed_at=999.0))
     assert missed == Choice(True, "chat live: 1 stream(s) in decode")
     facts.judged(Chunking(False, "later"))  # judged once: a later piece changes nothing
@@ -282,39 +283,25 @@ def test_pieces_that_cannot_tell_leave_the_chunking_unknown_then_pieces_go_two_a
     assert facts.choose(0.0, ChatSigns(streams=1)).pieces
 
 
-def cumulative(**steps: float) -> dict[float, float]:
-    """Cumulative bucket counts from per-bucket counts named ``b<bound>``."""
-    out, total = {}, 0.0
-    for bound in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, math.inf):
-        total += steps.get(f"b{bound}", 0.0)
-        out[float(bound)] = total
-    return out
-
-
 @pytest.mark.parametrize(
-    ("steps", "streams", "chunks"),
+    ("piece_s", "widest_s", "chunks"),
     [
-        # 512 new tokens beside one stream: 257-token steps (threshold 256) land in
-        # the 512 bucket, below the 1,024 one a whole step of 513 lands in
-        ({"b512": 2, "b1": 3}, 1, True),
-        ({"b1024": 1, "b1": 3}, 1, False),  # one step of 513
-        ({"b2048": 1}, 3, False),  # with other work: larger still
-        ({"b512": 1}, 1, True),  # the last step not counted yet: one of 512 holds it
-        ({"b1": 5}, 1, None),  # decode steps only: the piece's own are not counted yet
-        ({}, 1, None),  # no step at all
-        ({"b512": 2}, 0, None),  # nothing decoding: vLLM does not cap a lone prefill
+        (0.400, 0.390, False),  # the stream waited for the whole piece: one step
+        (0.400, 0.310, False),  # over 0.75 of it: a step and some decode
+        (0.400, 0.210, True),  # about half: two steps (a threshold of 256 tokens)
+        (0.400, 0.110, True),  # a quarter: four
+        (0.400, 0.270, None),  # between the bounds: the next piece asks again
+        (0.400, None, None),  # no stream ended a gap meanwhile
+        (0.010, 0.002, None),  # too quick to tell from the decode steps
     ],
 )
-def test_the_step_histogram_around_a_lone_piece_tells_the_engine_s_chunking(
-    steps: dict[str, float], streams: int, chunks: bool | None
+def test_a_stream_s_widest_gap_beside_a_lone_piece_tells_the_engine_s_chunking(
+    piece_s: float, widest_s: float | None, chunks: bool | None
 ) -> None:
-    before = cumulative(b1=100, b512=7, b2048=3)
-    grown = {k: before_count + steps.get(k, 0.0) for k, before_count in
-             {"b1": 100.0, "b512": 7.0, "b2048": 3.0, "b1024": 0.0}.items()}  # fmt: skip
-    after = cumulative(**grown)
-    verdict = judge_chunking(512, streams, before, after)
+    verdict = judge_chunking(512, piece_s, widest_s)
     assert (None if verdict is None else verdict.chunks) == chunks
-    assert judge_chunking(512, 1, {}, after) is None  # no histogram exported
+    if verdict is not None:
+        assert verdict.why.startswith(f"a 512-token piece of {piece_s * 1000:.0f} ms stalled")
 
 
 # -- the trigger, driven through the scheduler -----------------------------------------
