@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench router-venv test-e2e vllm-venv tiny-model compare test-docker crosscheck-vllm
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -24,6 +24,7 @@ help:
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make bench         what the proxy costs: direct, nginx, vllm-router and whoseturn side by side (a few min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
+	@echo "make first-burst   the first batch burst beside live chat on real vLLM, fresh and again, FCFS vs the proxy (~10 min)"
 	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
 
 $(STAMP): pyproject.toml
@@ -121,6 +122,14 @@ compare: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/python -m loadtests.compare --repeats 3 --out $(COMPARE_OUT); status=$$?; \
 	$(BIN)/python -m loadtests.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
+
+# The first burst beside live chat (fresh engine, fresh proxy) and later bursts, FCFS
+# against the proxy on its defaults; with the engine's threshold flag, pieces per prompt.
+FIRST_BURST_OUT ?= artifacts/first-burst
+first-burst: $(STAMP) $(MODEL_STAMP)
+	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
+	  $(BIN)/python -m loadtests.first_burst --repeats 2 --out $(FIRST_BURST_OUT) \
+	  --arms fcfs,proxy_auto,threshold_auto,threshold_off
 
 # The harness against vLLM's own benchmark client on real vLLM (docs/crosscheck.md).
 CROSSCHECK_OUT ?= artifacts/crosscheck-vllm

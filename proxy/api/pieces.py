@@ -66,6 +66,7 @@ from proxy.scheduler.pieces import (
     Piece,
     PiecingMode,
     cache_held,
+    hits_check_due,
     hits_held,
     judge_chunking,
     next_piece,
@@ -431,7 +432,9 @@ class Piecer:
         probe = _Probe(piece.new_tokens) if facts.chunks_itself is None else None
         try:
             before = Hits()
-            if answered and facts.cache_check != CACHED_TOKENS:
+            by_hits = answered and facts.cache_check != CACHED_TOKENS
+            if by_hits and hits_check_due(piece.index, facts.hit_checks):
+                facts.hit_checks += 1
                 before = await Hits.read_from(client)
             if probe is not None:
                 self._probe_start(probe, engine)

@@ -167,6 +167,24 @@ def hits_held(expected: int, before: float | None, after: float | None) -> bool 
     return after - before >= expected
 
 
+HITS_CHECK_EVERY = 8
+"""Where only the engine's prefix-cache hit counter can check the pieces, the pieces
+of a prompt it checks: its second (the first with a piece before it), then every
+eighth, besides every piece until an engine had :data:`HITS_CHECKS_FIRST` checks.
+Each check reads the engine's ``/metrics`` twice, which on vLLM costs its API server
+more than a small piece's own request; a miss the unchecked pieces hide shows at the
+next check, and costs only compute (the client's request is answered whole)."""
+HITS_CHECKS_FIRST = 3
+
+
+def hits_check_due(index: int, checks: int) -> bool:
+    """Whether piece ``index`` (from 1) of a prompt is checked by the hit counter,
+    after ``checks`` checks on its engine so far."""
+    if index < 2:
+        return False
+    return checks < HITS_CHECKS_FIRST or index == 2 or index % HITS_CHECK_EVERY == 0
+
+
 def piece_size(seconds_per_token: float, target_s: float, block: int, lo: int, hi: int) -> int:
     """The piece that keeps the engine busy for about ``target_s`` at
     ``seconds_per_token``, in whole blocks, within ``[lo, hi]``."""
@@ -185,7 +203,8 @@ class EnginePieces:
     missed its aim: a chat stream in decode, a chat in prefill or queued, a chat sent
     there within :attr:`need_s`, or a miss of the budget loop within it. An engine that
     serves only batch gets whole prompts. An engine that chunks long prefills itself
-    (:meth:`judged`) gets whole prompts too, unless chat missed its aim there since.
+    (:meth:`judged`) gets whole prompts too, misses or not: its steps are already no
+    larger than two pieces would make them, and the budget loop answers its misses.
 
     **Size**: ``piece_tokens`` starts at ``initial_tokens`` and follows the measured
     cost per prompt token (:meth:`answered`). A new chat waits for the
@@ -219,6 +238,7 @@ class EnginePieces:
     itself (``--long-prefill-token-threshold``); None: not judged yet."""
     chunking: str = "not judged yet: the first piece beside a chat stream tells"
     probes: int = 0
+    hit_checks: int = 0
     pieces: int = 0
     pieced_prompts: int = 0
     fallbacks: int = 0
@@ -281,9 +301,9 @@ class EnginePieces:
             return Choice(False, self.reason)
         if self.mode is PiecingMode.ON:
             return Choice(True, "piecing: on in the configuration")
-        missed = chat.missed_at is not None and now - chat.missed_at <= self.need_s
-        if self.chunks_itself and not missed:
+        if self.chunks_itself:
             return Choice(False, f"the engine chunks itself: {self.chunking}")
+        missed = chat.missed_at is not None and now - chat.missed_at <= self.need_s
         live = _chat_live(now, chat, self.need_s)
         if live is not None:
             return Choice(True, live)

@@ -19,6 +19,7 @@ from proxy.scheduler.pieces import (
     PiecingMode,
     aligned,
     cache_held,
+    hits_check_due,
     hits_held,
     judge_chunking,
     next_piece,
@@ -259,7 +260,7 @@ def test_on_off_and_an_engine_that_may_not_piece() -> None:
     assert facts.choose(0.0, live) == Choice(False, "the cache did not hold")
 
 
-def test_an_engine_that_chunks_itself_gets_whole_prompts_until_chat_misses() -> None:
+def test_an_engine_that_chunks_itself_gets_whole_prompts_misses_or_not() -> None:
     facts = auto_facts()
     assert facts.depth == 1  # the first piece runs alone: it judges the engine
     facts.judged(Chunking(True, "a 512-token piece of 400 ms stalled a chat stream for 200 ms"))
@@ -268,9 +269,20 @@ def test_an_engine_that_chunks_itself_gets_whole_prompts_until_chat_misses() -> 
     choice = facts.choose(1000.0, live)
     assert not choice.pieces and choice.why.startswith("the engine chunks itself: a 512-token")
     missed = facts.choose(1000.0, ChatSigns(streams=1, missed_at=999.0))
-    assert missed == Choice(True, "chat live: 1 stream(s) in decode")
+    assert missed == choice  # a miss there is the budget loop's to answer
     facts.judged(Chunking(False, "later"))  # judged once: a later piece changes nothing
     assert facts.chunks_itself is True
+
+
+@pytest.mark.parametrize(
+    ("index", "checks", "due"),
+    [(1, 0, False), (2, 0, True), (3, 0, True), (3, 3, False), (2, 9, True), (8, 9, True),
+     (9, 9, False), (16, 9, True)],
+)  # fmt: skip
+def test_the_hit_counter_checks_some_pieces_of_each_prompt(
+    index: int, checks: int, due: bool
+) -> None:
+    assert hits_check_due(index, checks) is due
 
 
 def test_pieces_that_cannot_tell_leave_the_chunking_unknown_then_pieces_go_two_at_a_time() -> None:
