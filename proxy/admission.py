@@ -34,7 +34,7 @@ from proxy.scheduler import (
 )
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import Second
-from proxy.scheduler.pieces import ChatSigns
+from proxy.scheduler.pieces import ChatSigns, pieces_in_prefill
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -281,6 +281,10 @@ class Admission:
     def decode_streams(self, engine: str) -> int:
         """Streams decoding on ``engine`` now, of every class."""
         return self._scheduler.engines[engine].decode_streams()
+
+    def pieces_in_prefill(self, engine: str) -> int:
+        """Pieces of long batch prompts in prefill on ``engine`` now."""
+        return pieces_in_prefill(self._scheduler.engines[engine].inflight.values())
 
     def widest_gap(self, engine: str, start: float, end: float) -> float | None:
         """The widest gap of an interactive stream on ``engine`` that ended after

@@ -70,6 +70,7 @@ from proxy.scheduler.pieces import (
     hits_held,
     judge_chunking,
     next_piece,
+    pace_s,
 )
 
 logger = logging.getLogger(__name__)
@@ -357,6 +358,7 @@ class Piecer:
                 if run.engine is None and not self._first_goes(run, admitted):
                     return whole
                 run.engine = admitted.engine
+                await self._pace(admitted.engine, piece)
                 started, done = anyio.Event(), anyio.Event()
                 group.start_soon(self._piece, run, admitted, piece, started, done)
                 await started.wait()
@@ -365,6 +367,18 @@ class Piecer:
                     await done.wait()  # measured, and the engine's chunking judged, first
                 piece = self._after(run, piece)
         return self._final(run, piece)
+
+    async def _pace(self, engine: str, piece: Piece) -> None:
+        """Hold an admitted piece so that the engine gets its pieces one a step
+        (:func:`~proxy.scheduler.pieces.pace_s`)."""
+        facts = self.board[engine]
+        cost = facts.seconds_per_token
+        others = self.admission.pieces_in_prefill(engine) - 1
+        piece_s = None if cost is None else cost * piece.new_tokens
+        wait = pace_s(self.clock.now(), facts.last_sent, others, piece_s)
+        if wait > 0:
+            await anyio.sleep(wait)
+        facts.last_sent = self.clock.now()
 
     def _first_goes(self, run: _Run, admitted: Admitted) -> bool:
         """Whether the first piece, admitted on its engine, is sent: the engine pieces

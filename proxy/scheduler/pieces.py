@@ -185,6 +185,19 @@ def hits_check_due(index: int, checks: int) -> bool:
     return checks < HITS_CHECKS_FIRST or index == 2 or index % HITS_CHECK_EVERY == 0
 
 
+def pace_s(now: float, last_sent: float | None, others: int, piece_s: float | None) -> float:
+    """How long to hold a piece before sending it so that the engine computes its
+    pieces one a step: none if no other piece of the engine is in flight (or nothing
+    is known); else until half a piece's time (``piece_s``) after the last one was
+    sent. vLLM puts every prompt waiting in its queue into its next step, so two
+    pieces sent together share a step (a gap of two pieces for a chat stream) and
+    the engine then waits for the proxy's round trip; paced, the next piece arrives
+    while the one before it runs, and waits for a step of its own."""
+    if not others or last_sent is None or piece_s is None:
+        return 0.0
+    return max(0.0, last_sent + piece_s / 2 - now)
+
+
 def piece_size(seconds_per_token: float, target_s: float, block: int, lo: int, hi: int) -> int:
     """The piece that keeps the engine busy for about ``target_s`` at
     ``seconds_per_token``, in whole blocks, within ``[lo, hi]``."""
@@ -253,6 +266,8 @@ class EnginePieces:
     ``prefix_cache_hits`` (the engine's counter); None until a piece told."""
     _costs: deque[tuple[int, float]] = field(default_factory=deque)  # (tokens, seconds)
     _last_answer: float | None = None
+    last_sent: float | None = None
+    """When the engine's last piece was sent (:func:`pace_s`)."""
 
     @property
     def min_tokens(self) -> int:

@@ -23,6 +23,7 @@ from proxy.scheduler.pieces import (
     hits_held,
     judge_chunking,
     next_piece,
+    pace_s,
     piece_size,
     plan,
 )
@@ -369,3 +370,19 @@ def test_one_piece_at_a_time_while_the_engine_s_chunking_is_judged() -> None:
     s.set_piece_depth("a", 2)
     assert sent(s) == {"y#1": "a"}
     check_accounting(s)
+
+
+@pytest.mark.parametrize(
+    ("now", "last_sent", "others", "piece_s", "wait"),
+    [
+        (10.0, 9.99, 0, 0.1, 0.0),  # no other piece in flight: at once
+        (10.0, None, 1, 0.1, 0.0),  # nothing sent yet
+        (10.0, 9.99, 1, None, 0.0),  # the cost is not known yet
+        (10.0, 9.99, 1, 0.1, 0.04),  # half a piece after the last one was sent
+        (10.0, 9.9, 1, 0.1, 0.0),  # that long ago already
+    ],
+)
+def test_pieces_are_paced_one_a_step(
+    now: float, last_sent: float | None, others: int, piece_s: float | None, wait: float
+) -> None:
+    assert pace_s(now, last_sent, others, piece_s) == pytest.approx(wait)
