@@ -123,5 +123,6 @@ def _intro(workload: Workload, time_scale: float) -> str:
         f"Batch: a closed loop keeping {batch.arrival.concurrency} documents of "
         f"{batch.prompt_chars:,} characters submitted, {batch.max_tokens}-token answers. "
         "Greedy sampling. Direct: round robin over the engines' `/v1`; through the proxy: "
-        "chat on `/v1`, batch on `/batch/v1` (piecing off: the engines interleave)."
+        "chat on `/v1`, batch on `/batch/v1`, the proxy on its defaults (it sees that the "
+        "engines interleave by themselves and sends batch prompts whole)."
     )

@@ -65,13 +65,12 @@ def servers(
         proxy = None
         if via_proxy:
             port = free_port()
-            # The engines interleave by themselves (ENGINE_FLAGS' threshold), so the
-            # proxy does not prefill their batch prompts in pieces: with the engines
-            # saturated chat misses now and then, and pieces would cost batch
-            # throughput and buy chat nothing (docs/scheduling.md, piecing).
+            # The proxy on its defaults, as a newcomer runs it: the engines interleave
+            # by themselves (ENGINE_FLAGS' threshold), which the proxy sees from its
+            # first piece beside a chat stream, and sends batch prompts whole from then
+            # on (docs/scheduling.md, piecing).
             listed = [
-                {"url": url, "name": f"sim-{n}", "models": ["tiny"], "piecing": "off"}
-                for n, url in enumerate(urls)
+                {"url": url, "name": f"sim-{n}", "models": ["tiny"]} for n, url in enumerate(urls)
             ]
             command = serve_command(out / "proxy.yaml", port=port, engines=listed, **PROXY_SETTINGS)
             log = stack.enter_context((out / f"{arm}-proxy.log").open("ab"))
