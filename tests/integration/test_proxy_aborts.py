@@ -4,9 +4,9 @@ engine's own answer to the same prompt.
 
 One ``whoseturn sim`` (cpu-tiny, default flags, real time) behind ``whoseturn
 serve``; chats arrive every 50 ms while three long batch prompts run. Two
-setups: ``piecing: on`` with ``batch_abort: auto`` and a TTFT target of 20 ms
-(an aim of 16 ms), so that a chat sent while a final request is in prefill is
-at risk; and ``piecing: off`` with ``batch_abort: on`` at the default target,
+setups: ``piecing: on`` with ``batch_abort: auto``, a TTFT target of 20 ms (an aim
+of 16 ms) and the engine at half speed (a final request of up to 64 new tokens then
+takes ~26 ms), so that a chat sent while a final request is in prefill is at risk; and ``piecing: off`` with ``batch_abort: on`` at the default target,
 where a chat waits behind a whole 6,000-token prefill (three 2,048-token steps)
 until it has waited past the aim. Run with ``-s`` to see the numbers.
 """
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 PROMPTS = 3
 MAX_TOKENS = 8
 CHAT_EVERY_S = 0.05
+TRIES = 3
 
 
 def body(n: int, words: int) -> dict[str, object]:
@@ -92,7 +93,7 @@ def text(answer: dict[str, object]) -> str:
     return str(choices[0]["text"])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("piecing", "batch_abort", "ttft_target_s", "words"),
     [("on", "auto", 0.02, 3000), ("off", "on", 0.3, 6000)],
@@ -103,17 +104,24 @@ def test_batch_requests_aborted_for_chats_are_answered_once_and_whole(
     with spawn_sim(time_scale=20.0) as sim:
         want = asyncio.run(direct(sim.base_url, words))
     settings = {"ttft_target_s": ttft_target_s, "batch_abort": batch_abort}
-    with (
-        spawn_sim(time_scale=1.0) as sim,
-        proxy(tmp_path, sim.base_url, piecing, **settings) as px,
-    ):
-        answers, chats, seconds = asyncio.run(through_proxy(px.base_url, words))
-        aborts = px.metric("whoseturn_batch_aborts_total")
-        requeues = px.metric("whoseturn_batch_requeues_total")
-        pieced = px.metric("whoseturn_prefill_pieced_prompts_total")
-        ok = px.metric("whoseturn_requests_total", **{"class": "batch", "outcome": "ok"})
-        facts = px.http.get("/turn").json()["engines"][0]["piecing"]
-        log = px.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
+    # The evidence is an abort: a chat that came while a final request (or a whole
+    # prompt) was in prefill, at risk of its aim. Pieces are small and paced, so a
+    # run may see none; it is run again, on a fresh engine and proxy, up to TRIES.
+    for attempt in range(1, TRIES + 1):
+        with (
+            spawn_sim(time_scale=0.5 if piecing == "on" else 1.0) as sim,
+            proxy(tmp_path, sim.base_url, piecing, **settings) as px,
+        ):
+            answers, chats, seconds = asyncio.run(through_proxy(px.base_url, words))
+            aborts = px.metric("whoseturn_batch_aborts_total")
+            requeues = px.metric("whoseturn_batch_requeues_total")
+            pieced = px.metric("whoseturn_prefill_pieced_prompts_total")
+            ok = px.metric("whoseturn_requests_total", **{"class": "batch", "outcome": "ok"})
+            facts = px.http.get("/turn").json()["engines"][0]["piecing"]
+            log = px.http.get("/turn/log", params={"limit": 1000}).json()["decisions"]
+        if aborts >= 1:
+            break
+        print(f"\nrun {attempt}: no chat was at risk beside a final in prefill; again")
     cut = [d for d in log if d["action"] == "abort"]
     chats.sort()
     print(
@@ -128,7 +136,8 @@ def test_batch_requests_aborted_for_chats_are_answered_once_and_whole(
         assert isinstance(usage, dict) and usage == want[n]["usage"]  # whole: every token
     assert ok == PROMPTS  # each answered once
     assert pieced == (PROMPTS if piecing == "on" else 0)
-    assert aborts >= 1 and requeues == aborts
+    assert aborts >= 1, f"no abort in {TRIES} runs: no chat was at risk beside a prefill"
+    assert requeues == aborts
     assert (facts["aborts"], facts["requeues"]) == (aborts, requeues)
     assert len(cut) == aborts and all(d["class"] == "batch" for d in cut)
     assert all(bool(d["piece"]) is (piecing == "on") for d in cut)
