@@ -6,9 +6,10 @@ One ``whoseturn sim`` (cpu-tiny, default flags, real time) behind ``whoseturn
 serve``; chats arrive every 50 ms while three long batch prompts run. Two
 setups: ``piecing: on`` with ``batch_abort: auto``, a TTFT target of 20 ms (an aim
 of 16 ms) and the engine at half speed (a final request of up to 64 new tokens then
-takes ~26 ms), so that a chat sent while a final request is in prefill is at risk; and ``piecing: off`` with ``batch_abort: on`` at the default target,
-where a chat waits behind a whole 6,000-token prefill (three 2,048-token steps)
-until it has waited past the aim. Run with ``-s`` to see the numbers.
+takes ~26 ms), so that a chat sent while a final request is in prefill is at
+risk; and ``piecing: off`` with ``batch_abort: on`` at the default target, where a
+chat waits behind a whole 6,000-token prefill (three 2,048-token steps) until it
+has waited past the aim. Run with ``-s`` to see the numbers.
 """
 
 from __future__ import annotations
