@@ -25,8 +25,8 @@ The arithmetic, the choice and the per-engine facts are pure
   admitted as.
 
 The first piece on an engine runs alone and tells whether the engine cuts a long
-prefill into small steps itself (``--long-prefill-token-threshold``): its
-``vllm:iteration_tokens_total`` histogram is read around it
+prefill into small steps itself (``--long-prefill-token-threshold``): a chat stream's
+widest gap while it ran, against the piece's time
 (:func:`~proxy.scheduler.pieces.judge_chunking`). One that does gets whole prompts.
 
 A piece that finds fewer cached tokens than its earlier pieces put there turns
