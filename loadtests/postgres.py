@@ -53,6 +53,8 @@ class Cluster:
     socket_dir: Path
     data: Path
     log: Path
+    options: str = ""  # the server's command-line options (pg_ctl -o)
+    run_as: str | None = None  # the system user it runs as (root cannot)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://{self.user}@{LOOPBACK}:{self.port}/{dbname}"
@@ -88,7 +90,7 @@ def postgres_cluster(durable: bool = False) -> Iterator[Cluster]:
     if not durable:
         options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     start = [str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w"]
-    cluster = Cluster(port, user, root, data, log)
+    cluster = Cluster(port, user, root, data, log, options, run_as)
     try:
         done = subprocess.run(_as_user(run_as, [*start, "start"]), capture_output=True)
         if done.returncode != 0:
@@ -110,3 +112,49 @@ def fresh_database(admin_dsn: str, prefix: str = "t") -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return make_conninfo(admin_dsn, dbname=name)
+
+
+def _pg_ctl(cluster: Cluster, *args: str) -> None:
+    command = [str(bin_dir() / "pg_ctl"), "-D", str(cluster.data), *args]
+    done = subprocess.run(_as_user(cluster.run_as, command), capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pg_ctl {' '.join(args)} failed:\n{cluster.tail()}")
+
+
+def stop(cluster: Cluster, mode: str = "fast") -> None:
+    """Shut the server down (``fast``: its sessions are ended, as an operator's
+    restart does); its data stays."""
+    _pg_ctl(cluster, "-m", mode, "-w", "stop")
+
+
+def start(cluster: Cluster) -> None:
+    """Start a stopped cluster again, on the same port, with the same options."""
+    _pg_ctl(cluster, "-l", str(cluster.log), "-o", cluster.options, "-w", "start")
+
+
+def server_pids(cluster: Cluster) -> list[int]:
+    """The postmaster and every process it runs (each backend is a session leader of
+    its own, so a process group does not reach them)."""
+    import psutil  # a dev dependency; only the tests pause a server
+
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    main = psutil.Process(postmaster)
+    return [postmaster, *(p.pid for p in main.children(recursive=True))]
+
+
+@contextmanager
+def paused(cluster: Cluster) -> Iterator[None]:
+    """The whole server stopped (SIGSTOP) while the block runs: connections stay
+    open and nothing answers, as a hung host or a stalled disk looks from outside."""
+    import signal
+
+    postmaster, *children = server_pids(cluster)
+    os.kill(postmaster, signal.SIGSTOP)  # first: it starts no new process after
+    pids = [postmaster, *children, *(p for p in server_pids(cluster) if p not in children)]
+    for pid in pids[1:]:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)

@@ -21,13 +21,12 @@ Nothing is built at import time; the state lives in one :class:`ProxyState`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from uuid import uuid4
@@ -51,7 +50,7 @@ from proxy.engines import (
     make_http_client,
     resolve_addresses,
 )
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import LedgerCollector, ProxyMetrics
 from proxy.replicas import Ledger, SharedBudget
 from proxy.scheduler import HoldRules, Scheduler, SchedulerSettings
 
@@ -156,7 +155,14 @@ def _shared_budget(
         engine = pool.engines.get(name)
         return engine.url if engine is not None else None
 
-    shared = SharedBudget(ledger, admission, url_of, interval_s=settings.ledger_interval_s)
+    shared = SharedBudget(
+        ledger,
+        admission,
+        url_of,
+        interval_s=settings.ledger_interval_s,
+        timeout_s=settings.ledger_timeout_s,
+        lease_s=settings.ledger_lease_s,
+    )
     admission.on_release = shared.nudge
     return shared
 
@@ -200,6 +206,8 @@ async def build(
     services = Services(admission, metrics, clock, counter, timeouts)
     replica = settings.replica_id or default_replica_id()
     shared = _shared_budget(settings, admission, pool, ledger, replica)
+    if shared is not None:
+        metrics.registry.register(LedgerCollector(shared))
     forwarder = Forwarder(
         settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
     )
@@ -263,21 +271,36 @@ async def startup(state: ProxyState) -> None:
         task = asyncio.create_task(state.discovery.run(interval), name="whoseturn-dns")
         state.tasks.append(task)
     if state.batch is not None:
-        state.tasks.append(asyncio.create_task(state.batch.runner.run(), name="whoseturn-batch"))
+        state.tasks += [
+            asyncio.create_task(state.batch.store.watch(), name="whoseturn-batch-store"),
+            asyncio.create_task(state.batch.runner.run(), name="whoseturn-batch"),
+        ]
 
 
 async def shutdown(state: ProxyState) -> None:
-    """Stop the background loops, then close the upstream HTTP client."""
+    """Stop the background loops, then close the batch store, the ledger and the
+    upstream HTTP client: each of them, whatever the others do (a loop that died
+    with an error is logged, not raised again)."""
     for task in state.tasks:
         task.cancel()
     for task in state.tasks:
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            logger.exception("%s had ended with an error", task.get_name())
+    closers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     if state.batch is not None:
-        await state.batch.store.close()
+        closers.append(("the batch store", state.batch.store.close))
     if state.shared is not None:
-        await state.shared.ledger.close()
-    await state.http.aclose()
+        closers.append(("the ledger", state.shared.ledger.close))
+    closers.append(("the HTTP client", state.http.aclose))
+    for what, close in closers:
+        try:
+            await close()
+        except Exception:
+            logger.exception("closing %s failed", what)
 
 
 @asynccontextmanager

@@ -5,6 +5,7 @@ line through the scheduler as batch-class work.
   SQLite backend (one replica), :mod:`proxy.batch.postgres` its PostgreSQL backend
   (several replicas share the jobs).
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
+- :mod:`proxy.batch.health`: the store's outages noticed, answered fast, waited out.
 - :mod:`proxy.batch.runner`: drives every active job; its metrics.
 - :mod:`proxy.batch.estimate`: when a job will be done, from recent throughput.
 - :mod:`proxy.batch.view`: the active jobs on ``/metrics`` and ``/status``.
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy.batch.health import GuardedStore, HealthCollector
 from proxy.batch.routes import BatchAPI, install_batch_routes
 from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
@@ -40,15 +43,25 @@ async def build_batch(
     the store is not set (``batch_store_path`` for SQLite, ``batch_dsn`` for
     PostgreSQL). ``models_known``: whether every engine's models are known (the
     runner feeds no line before)."""
-    store: BatchStore
+    backend: BatchStore
+    timeout_s: float | None = settings.batch_store_timeout_s
     if settings.batch_store == "postgres" and settings.batch_dsn:
-        from proxy.batch.postgres import PostgresStore  # psycopg loads only when used
+        import psycopg  # loads only when used
 
-        store = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
+        from proxy.batch.postgres import PostgresStore
+
+        backend = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
+        outages: tuple[type[BaseException], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+        )
     elif settings.batch_store == "sqlite" and settings.batch_store_path:
-        store = SQLiteStore(Path(settings.batch_store_path), time.time)
+        backend = SQLiteStore(Path(settings.batch_store_path), time.time)
+        outages = (sqlite3.OperationalError,)
+        timeout_s = None  # its calls run on a thread, which cannot be cut short
     else:
         return None
+    store = GuardedStore(backend, time.monotonic, timeout_s=timeout_s, outage_errors=outages)
     await store.open()
     limits = RunnerLimits(
         window=settings.batch_window,
@@ -56,6 +69,7 @@ async def build_batch(
         backoff_s=settings.batch_retry_backoff_s,
         max_lines=settings.batch_max_lines,
         lease_s=settings.batch_lease_s,
+        max_line_bytes=settings.max_body_bytes,
     )
     runner = BatchRunner(
         store,
@@ -67,4 +81,5 @@ async def build_batch(
         owner=f"{socket.gethostname()}-{os.getpid()}",
     )
     metrics.registry.register(EstimateCollector(runner))
+    metrics.registry.register(HealthCollector(store.health))
     return BatchAPI(settings, store, runner)

@@ -193,6 +193,9 @@ class PostgresStore:
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
 
+    async def ping(self) -> None:
+        await self._one("SELECT 1")
+
     async def schema_version(self) -> int:
         async with self._pool.connection() as conn:
             return await _version(conn)

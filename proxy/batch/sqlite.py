@@ -125,6 +125,15 @@ class SQLiteStore:
             async with self._lock:
                 await anyio.to_thread.run_sync(db.close)
 
+    async def ping(self) -> None:
+        """The database file and the files' folder are there (not under the lock: a
+        long write holds it, and SQLite's own errors show an outage as they come)."""
+        if self._db is None:
+            raise sqlite3.OperationalError("store not open")
+        for path in (self.path, self.files_dir):
+            if not path.exists():
+                raise sqlite3.OperationalError(f"{path} is gone")
+
     def _stamp(self) -> int:
         return int(self._now())
 

@@ -8,6 +8,14 @@ The session fixture ``postgres_dsn`` and the per-test ``postgres_db`` live in
 
 from __future__ import annotations
 
-from loadtests.postgres import Cluster, bin_dir, fresh_database, postgres_cluster
+from loadtests.postgres import (
+    Cluster,
+    bin_dir,
+    fresh_database,
+    paused,
+    postgres_cluster,
+    start,
+    stop,
+)
 
-__all__ = ["Cluster", "bin_dir", "fresh_database", "postgres_cluster"]
+__all__ = ["Cluster", "bin_dir", "fresh_database", "paused", "postgres_cluster", "start", "stop"]

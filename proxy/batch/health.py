@@ -1,0 +1,336 @@
+"""The batch store's health: an outage noticed once, answered fast, waited out.
+
+:class:`GuardedStore` stands in front of a backend (:class:`~proxy.batch.store.BatchStore`)
+and is what the routes and the runner use:
+
+- a quick call (a row read or written) runs under a deadline, ``timeout_s``
+  (None: none; SQLite's calls run on a worker thread and cannot be cut short);
+  the long ones (a file copied, a job's lines stored, its files written) have
+  none of their own;
+- an error the backend names an outage (its ``outage_errors``: a connection lost,
+  no connection to be had, the server shut down) or a deadline passed marks the
+  store down: logged once, with its cause, and every call still waiting on it is
+  abandoned at once;
+- while it is down every call fails at once with :class:`StoreDown` (the routes
+  answer 503 with ``Retry-After``, the runner waits and tries again), so nothing
+  waits on a database that does not answer;
+- :meth:`GuardedStore.watch` pings the store every ``probe_s`` while it is up (a
+  paused database is found within ``probe_s`` plus the ping's deadline even when
+  no request comes), and while it is down with a backoff from ``probe_s`` up to
+  :data:`MAX_BACKOFF_S`; the first ping answered marks it up again, logged with
+  how long the outage lasted.
+
+:class:`StoreHealth` is the state, pure, on an injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.batch.store import (
+    BatchRecord,
+    BatchStore,
+    FileRecord,
+    Json,
+    LineResult,
+    LineSpec,
+    NewBatch,
+    PendingLine,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_BACKOFF_S = 5.0
+PING_TIMEOUT_S = 0.5
+
+
+class StoreDown(Exception):
+    """The batch store is unavailable; ``retry_after_s``: when to ask again."""
+
+    def __init__(self, cause: str, retry_after_s: float) -> None:
+        super().__init__(f"the batch store is unavailable: {cause}")
+        self.cause = cause
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class StoreHealth:
+    """Up or down, since when, why; how many outages so far. Pure: the caller gives
+    the time."""
+
+    probe_s: float = 0.25
+    up: bool = True
+    since: float = 0.0
+    cause: str = ""
+    outages: int = 0
+    failed_probes: int = 0
+
+    def down(self, now: float, cause: str) -> bool:
+        """Mark the store down for ``cause``; True if this begins an outage."""
+        if not self.up:
+            return False
+        self.up, self.since, self.cause = False, now, cause
+        self.outages += 1
+        self.failed_probes = 0
+        return True
+
+    def back(self, now: float) -> float | None:
+        """Mark the store up; the outage's length if it was down, else None."""
+        if self.up:
+            return None
+        self.up, self.cause, self.failed_probes = True, "", 0
+        lasted, self.since = now - self.since, now
+        return lasted
+
+    def backoff_s(self) -> float:
+        """How long to wait before the next probe (or try) while down."""
+        return min(self.probe_s * 2.0**self.failed_probes, MAX_BACKOFF_S)
+
+    def error(self) -> StoreDown:
+        return StoreDown(self.cause, self.backoff_s())
+
+    def view(self, now: float) -> Json:
+        """For ``/readyz`` and ``/turn``: up, for how long (or down since), why."""
+        return {
+            "up": self.up,
+            "for_s": round(max(0.0, now - self.since), 3),
+            "cause": self.cause or None,
+            "outages": self.outages,
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text and text[0] else type(exc).__name__
+
+
+class GuardedStore:
+    """A :class:`~proxy.batch.store.BatchStore` that fails fast while its backend is
+    down (see the module docstring). ``now`` is the clock the health is kept on."""
+
+    def __init__(
+        self,
+        inner: BatchStore,
+        now: Callable[[], float],
+        *,
+        timeout_s: float | None,
+        outage_errors: tuple[type[BaseException], ...],
+        probe_s: float = 0.25,
+    ) -> None:
+        self.inner = inner
+        self._now = now
+        self.timeout_s = timeout_s
+        self.outage_errors = outage_errors
+        self.health = StoreHealth(probe_s=probe_s, since=now())
+        self._waiting: set[anyio.CancelScope] = set()
+        self.on_change: Callable[[StoreHealth], None] = lambda _: None
+
+    # -- the state ----------------------------------------------------------------
+
+    def _down(self, cause: str) -> None:
+        if not self.health.down(self._now(), cause):
+            return
+        logger.error(
+            "batch store down: %s; Files/Batches answer 503 and batch jobs wait until it "
+            "answers again", cause,
+        )  # fmt: skip
+        for scope in list(self._waiting):
+            scope.cancel()
+        self.on_change(self.health)
+
+    def _back(self) -> None:
+        lasted = self.health.back(self._now())
+        if lasted is not None:
+            logger.warning("batch store back after %.1f s; batch jobs resume", lasted)
+            self.on_change(self.health)
+
+    def check(self) -> None:
+        """Raise :class:`StoreDown` at once if the store is known to be down."""
+        if not self.health.up:
+            raise self.health.error()
+
+    async def _call(self, call: Callable[[], Awaitable[T]], timeout_s: float | None) -> T:
+        """``call()`` unless the store is down; under ``timeout_s``; abandoned as soon
+        as the store is found down; an outage error marks it down."""
+        self.check()
+        scope = anyio.CancelScope()
+        if timeout_s is not None:
+            scope.deadline = anyio.current_time() + timeout_s
+        self._waiting.add(scope)
+        try:
+            with scope:
+                return await call()
+        except self.outage_errors as exc:
+            self._down(_describe(exc))
+            raise self.health.error() from exc
+        finally:
+            self._waiting.discard(scope)
+        # reached only when the scope was cancelled: the deadline, or an outage
+        if self.health.up:
+            self._down(f"no answer within {timeout_s:g} s")
+        raise self.health.error()
+
+    async def _quick(self, call: Callable[[], Awaitable[T]]) -> T:
+        return await self._call(call, self.timeout_s)
+
+    async def _long(self, call: Callable[[], Awaitable[T]]) -> T:
+        return await self._call(call, None)
+
+    async def ping(self) -> None:
+        """One probe: the backend's cheapest round trip, under a short deadline."""
+        deadline = PING_TIMEOUT_S if self.timeout_s is None else min(PING_TIMEOUT_S, self.timeout_s)
+        scope = anyio.CancelScope(deadline=anyio.current_time() + deadline)
+        try:
+            with scope:
+                await self.inner.ping()
+        except self.outage_errors as exc:
+            self._down(_describe(exc))
+            raise self.health.error() from exc
+        if scope.cancelled_caught:
+            self._down(f"no answer to a ping within {deadline:g} s")
+            raise self.health.error()
+        self._back()
+
+    async def watch(self) -> None:
+        """Forever: ping every ``probe_s`` while up, with backoff while down."""
+        while True:
+            await anyio.sleep(self.health.probe_s if self.health.up else self.health.backoff_s())
+            try:
+                await self.ping()
+            except StoreDown:
+                self.health.failed_probes += 1
+
+    # -- the store's methods ------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def spool_path(self) -> Path:
+        return self.inner.spool_path()
+
+    async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
+        return await self._long(lambda: self.inner.add_file(purpose, filename, source))
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        return await self._quick(lambda: self.inner.get_file(file_id))
+
+    async def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        return await self._quick(lambda: self.inner.list_files(after, limit))
+
+    async def delete_file(self, file_id: str) -> bool:
+        return await self._quick(lambda: self.inner.delete_file(file_id))
+
+    async def read_file(self, file_id: str) -> AsyncIterator[bytes]:
+        self.check()
+        chunks = aiter(self.inner.read_file(file_id))
+        while True:
+            try:
+                chunk = await self._quick(lambda: anext(chunks))
+            except StopAsyncIteration:
+                return
+            yield chunk
+
+    @asynccontextmanager
+    async def local_file(self, file_id: str) -> AsyncIterator[Path]:
+        opened: list[AbstractAsyncContextManager[Path]] = []
+
+        async def enter() -> Path:
+            opened.append(self.inner.local_file(file_id))
+            return await opened[0].__aenter__()
+
+        path = await self._long(enter)
+        held = opened[0]
+        try:
+            yield path
+        except BaseException as exc:
+            if not await held.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await held.__aexit__(None, None, None)
+
+    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
+        return await self._long(lambda: self.inner.create_batch(new, lines))
+
+    async def add_batch(self, new: NewBatch) -> BatchRecord:
+        return await self._quick(lambda: self.inner.add_batch(new))
+
+    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+        return await self._long(lambda: self.inner.fill_batch(batch_id, lines))
+
+    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+        return await self._quick(lambda: self.inner.fail_batch(batch_id, errors))
+
+    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+        return await self._long(lambda: self.inner.expire_pending(batch_id, line_for))
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        return await self._quick(lambda: self.inner.get_batch(batch_id))
+
+    async def list_batches(self, after: str | None, limit: int) -> list[BatchRecord]:
+        return await self._quick(lambda: self.inner.list_batches(after, limit))
+
+    async def active_batches(self) -> list[BatchRecord]:
+        return await self._quick(self.inner.active_batches)
+
+    async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
+        return await self._quick(lambda: self.inner.set_status(batch_id, status, only_from))
+
+    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
+        return await self._quick(lambda: self.inner.pending_lines(batch_id, after, limit))
+
+    async def claim(
+        self, batch_id: str, owner: str, limit: int, lease_s: float
+    ) -> list[PendingLine]:
+        return await self._quick(lambda: self.inner.claim(batch_id, owner, limit, lease_s))
+
+    async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
+        return await self._quick(lambda: self.inner.renew(batch_id, owner, lines, lease_s))
+
+    async def release(self, batch_id: str, owner: str) -> int:
+        return await self._quick(lambda: self.inner.release(batch_id, owner))
+
+    async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
+        return await self._quick(lambda: self.inner.record(batch_id, idx, result))
+
+    async def finalize(self, batch_id: str, status: str) -> BatchRecord:
+        return await self._long(lambda: self.inner.finalize(batch_id, status))
+
+    async def count_by_status(self) -> dict[str, int]:
+        return await self._quick(self.inner.count_by_status)
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's own extras (SQLite's ``file_path``, PostgreSQL's
+        ``schema_version``), for tests and tools."""
+        return getattr(self.inner, name)
+
+
+class HealthCollector(Collector):
+    """``whoseturn_batch_store_up`` (1 or 0) and ``whoseturn_batch_store_outages_total``,
+    read from the health as it stands at each scrape."""
+
+    def __init__(self, health: StoreHealth) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "whoseturn_batch_store_up", "Whether the batch store answers (1) or not (0)"
+        )
+        up.add_metric([], 1.0 if self.health.up else 0.0)
+        yield up
+        outages = CounterMetricFamily(
+            "whoseturn_batch_store_outages", "Batch store outages since the proxy started"
+        )
+        outages.add_metric([], float(self.health.outages))
+        yield outages
