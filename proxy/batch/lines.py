@@ -1,5 +1,11 @@
 """Batch lines, pure: an input line checked, a request built from it, and the
-output or error line written for its answer (OpenAI's line shapes)."""
+output or error line written for its answer (OpenAI's line shapes).
+
+A line is read as strictly as an interactive body (:mod:`proxy.api.body`): the same
+JSON rules, its ``body`` the same model of the endpoint's request, and no longer
+than ``max_body_bytes``; a line that fails is a :class:`LineError` naming it and
+the field to blame.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +18,25 @@ from typing import IO, Any
 
 import jsonschema
 
+from proxy.api.body import BodyError, NotJSON, check_completion, parse_json
 from proxy.api.inputs import ChatRequest, describe
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
 from proxy.scheduler import TrafficClass
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 USAGE = ("prompt_tokens", "completion_tokens")
+MAX_LINE_BYTES = 8 * 1024 * 1024
+"""A line's limit where none is given: the default ``max_body_bytes``."""
 
 
 def check_line(raw: bytes, number: int, endpoint: str) -> LineSpec:
-    """One input line, or :class:`LineError` naming it (``number`` counts from 1)."""
+    """One input line, or :class:`LineError` naming it (``number`` counts from 1)
+    and the field to blame."""
     try:
-        line = json.loads(raw)
-    except ValueError:
-        raise LineError(number, "not valid JSON.") from None
+        line = parse_json(raw)
+    except NotJSON as exc:
+        raise LineError(number, f"not valid JSON: {exc.detail}") from None
+    except BodyError as exc:
+        raise LineError(number, exc.message) from None
     if not isinstance(line, dict):
         raise LineError(number, "expected a JSON object.")
     for key in ("custom_id", "method", "url", "body"):
@@ -37,16 +48,24 @@ def check_line(raw: bytes, number: int, endpoint: str) -> LineSpec:
         raise LineError(number, "`method` must be POST.")
     if line["url"] != endpoint:
         raise LineError(number, f"`url` {line['url']!r} differs from the batch's {endpoint!r}.")
-    body = line["body"]
-    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-        raise LineError(number, "`body` must be an object with a `model` string.")
+    try:
+        body = check_completion(line["body"], chat=endpoint.endswith("/chat/completions"))
+    except BodyError as exc:
+        raise LineError(number, exc.under("body").message) from None
     return LineSpec(number, line["custom_id"], json.dumps(body))
 
 
-def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec]:
-    """The file's lines checked one by one, as a stream (blank lines skipped)."""
-    count = 0
-    for number, raw in enumerate(f, start=1):
+def read_lines(
+    f: IO[bytes], endpoint: str, max_lines: int, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[LineSpec]:
+    """The file's lines checked one by one, as a stream (blank lines skipped). No
+    more than ``max_line_bytes`` (and its newline) of a line is read: a longer line
+    is a :class:`LineError`, the rest of it unread."""
+    count, number = 0, 0
+    while raw := f.readline(max_line_bytes + 1):
+        number += 1
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            raise LineError(number, f"longer than the limit of {max_line_bytes} bytes.")
         if not raw.strip():
             continue
         count += 1
@@ -55,14 +74,16 @@ def read_lines(f: IO[bytes], endpoint: str, max_lines: int) -> Iterator[LineSpec
         yield check_line(raw, number, endpoint)
 
 
-def check_file(path: Path, endpoint: str, max_lines: int) -> int:
+def check_file(
+    path: Path, endpoint: str, max_lines: int, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> int:
     """Read a whole input file as :func:`read_lines` does, and also find a repeated
     ``custom_id`` or an empty file (what the store would refuse); the number of
     requests. Raises :class:`LineError`. Keeps a 16-byte digest per line, not the ids."""
     seen: set[bytes] = set()
     count = 0
     with path.open("rb") as f:
-        for spec in read_lines(f, endpoint, max_lines):
+        for spec in read_lines(f, endpoint, max_lines, max_line_bytes=max_line_bytes):
             digest = hashlib.blake2b(spec.custom_id.encode(), digest_size=16).digest()
             if digest in seen:
                 raise LineError(spec.idx, f"duplicate custom_id `{spec.custom_id}`")

@@ -30,13 +30,22 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.api.inputs import ChatRequest
 from proxy.batch.estimate import Estimate, Throughput
-from proxy.batch.lines import answered, failed, job_id, line_request, read_lines
+from proxy.batch.health import MAX_BACKOFF_S, StoreDown
+from proxy.batch.lines import (
+    MAX_LINE_BYTES,
+    answered,
+    failed,
+    job_id,
+    line_request,
+    read_lines,
+)
 from proxy.batch.shapes import line_errors
 from proxy.batch.store import (
     STATUSES,
@@ -49,6 +58,7 @@ from proxy.batch.store import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 Complete = Callable[[ChatRequest, str], Awaitable[tuple[int, Json]]]
 
 
@@ -60,6 +70,7 @@ class RunnerLimits:
     poll_s: float = 0.2
     max_lines: int = 50_000
     lease_s: float = 30.0
+    max_line_bytes: int = MAX_LINE_BYTES  # a line's limit: ``max_body_bytes``
 
 
 EXPIRED = "This request could not be executed before the completion window expired."
@@ -131,6 +142,7 @@ class BatchRunner:
         self._held: dict[str, set[int]] = {}  # lines claimed here, not yet recorded
         self.throughput = Throughput()
         self.active: list[BatchRecord] = []  # as of the last poll
+        self._trouble: str | None = None  # the store error being retried, if any
 
     def estimate(self, batch: BatchRecord) -> Estimate | None:
         """The estimate for an active job (None for a job that has ended)."""
@@ -140,16 +152,43 @@ class BatchRunner:
         return self.throughput.estimate(batch.id, remaining, batch.expires_at, self._now())
 
     async def run(self) -> None:
-        """Forever: start every active job not yet driven; keep the jobs gauge."""
+        """Forever: start every active job not yet driven; keep the jobs gauge. A
+        store that fails is waited out (:meth:`_persist`): the runner never ends
+        but by cancellation."""
         async with anyio.create_task_group() as group:
             while True:
-                self.active = await self.store.active_batches()
+                self.active = await self._persist(self.store.active_batches)
                 for batch in self.active:
                     if batch.id not in self._runs:
                         self._runs[batch.id] = None
                         group.start_soon(self._job, batch.id)
-                self.metrics.set_jobs(await self.store.count_by_status())
+                self.metrics.set_jobs(await self._persist(self.store.count_by_status))
                 await anyio.sleep(self.limits.poll_s)
+
+    async def _persist(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` (a store call) until it answers. An outage (:class:`StoreDown`:
+        the store logged it) is waited out as the store advises; any other error is
+        logged when it first appears and retried with a backoff from ``poll_s`` up
+        to a few seconds."""
+        tries = 0
+        while True:
+            try:
+                result = await call()
+            except StoreDown as exc:
+                wait = exc.retry_after_s
+            except Exception as exc:
+                cause = f"{type(exc).__name__}: {exc}"
+                if cause != self._trouble:
+                    self._trouble = cause
+                    logger.exception("batch store call failed; retrying with backoff")
+                wait = min(self.limits.poll_s * 2.0**tries, MAX_BACKOFF_S)
+            else:
+                if self._trouble is not None:
+                    logger.warning("batch store answers again after: %s", self._trouble)
+                    self._trouble = None
+                return result
+            tries += 1
+            await anyio.sleep(wait)
 
     def cancel(self, batch_id: str) -> None:
         """Stop a job driven here now (the store already says ``cancelling``)."""
@@ -169,6 +208,9 @@ class BatchRunner:
                 "batch %s %s: %d ok, %d failed of %d",
                 batch_id, done.status, done.completed, done.failed, done.total,
             )  # fmt: skip
+        except StoreDown as exc:  # the store logged the outage; the next poll starts again
+            logger.info("batch %s waits for the store: %s", batch_id, exc.cause)
+            await anyio.sleep(exc.retry_after_s)
         except Exception:
             logger.exception("batch %s: the runner failed; it will try again", batch_id)
             await anyio.sleep(1.0)
@@ -181,7 +223,10 @@ class BatchRunner:
         try:
             async with self.store.local_file(batch.input_file_id) as path:
                 with path.open("rb") as f:
-                    lines = read_lines(f, batch.endpoint, self.limits.max_lines)
+                    lines = read_lines(
+                        f, batch.endpoint, self.limits.max_lines,
+                        max_line_bytes=self.limits.max_line_bytes,
+                    )  # fmt: skip
                     await self.store.fill_batch(batch.id, lines)
         except LineError as exc:
             await self.store.fail_batch(batch.id, line_errors(exc))
@@ -214,12 +259,20 @@ class BatchRunner:
         finally:
             self._held.pop(batch_id, None)
             with anyio.CancelScope(shield=True):
-                await self.store.release(batch_id, self.owner)
+                await self._release(batch_id)
         if run.outcome != "completed":
             return run.outcome
         if await self.store.set_status(batch_id, "finalizing", ("in_progress",)):
             return "completed"
         return await self._drive(batch_id)  # cancelled in the meantime
+
+    async def _release(self, batch_id: str) -> None:
+        """Hand back the leases this runner holds on the job, if the store answers
+        (else they run out by themselves)."""
+        try:
+            await self.store.release(batch_id, self.owner)
+        except Exception as exc:
+            logger.info("batch %s: leases not handed back (%s); they run out", batch_id, exc)
 
     async def _watch(self, batch: BatchRecord, run: _Run) -> None:
         """Expiry, and a cancel asked through another door than :meth:`cancel`."""
@@ -228,7 +281,7 @@ class BatchRunner:
             if self._now() >= batch.expires_at:
                 run.stop("expired")
                 return
-            current = await self.store.get_batch(batch.id)
+            current = await self._persist(lambda: self.store.get_batch(batch.id))
             if current is None or current.status == "cancelling":
                 run.stop("cancelled")
                 return
@@ -238,7 +291,10 @@ class BatchRunner:
         while True:
             await anyio.sleep(self.limits.lease_s / 3)
             held = sorted(self._held.get(batch_id, ()))
-            await self.store.renew(batch_id, self.owner, held, self.limits.lease_s)
+            try:
+                await self.store.renew(batch_id, self.owner, held, self.limits.lease_s)
+            except Exception as exc:  # the next round tries again
+                logger.info("batch %s: leases not renewed: %s", batch_id, exc)
 
     async def _feed(self, batch: BatchRecord) -> None:
         room = anyio.Semaphore(self.limits.window)
@@ -250,8 +306,12 @@ class BatchRunner:
                     model = str(page[0].body.get("model", ""))
                     self.throughput.begin(batch.id, model, self._now())
                     begun = True
+                held = self._held.setdefault(batch.id, set())
                 for line in page:
+                    if line.idx in held:  # its lease ran out while it ran here
+                        continue
                     await room.acquire()
+                    held.add(line.idx)
                     group.start_soon(self._line, batch, line, room)
                 if not page:
                     if await self._all_recorded(batch.id):
@@ -259,7 +319,7 @@ class BatchRunner:
                     await anyio.sleep(self.limits.poll_s)  # lines running here or elsewhere
 
     async def _all_recorded(self, batch_id: str) -> bool:
-        current = await self.store.get_batch(batch_id)
+        current = await self._persist(lambda: self.store.get_batch(batch_id))
         return current is None or current.completed + current.failed >= current.total
 
     async def _next_page(self, batch_id: str) -> list[PendingLine]:
@@ -269,20 +329,30 @@ class BatchRunner:
             if self.models_known():
                 break
             await anyio.sleep(self.limits.poll_s)
-        return await self.store.claim(batch_id, self.owner, self.limits.window, self.limits.lease_s)
+        limits = self.limits
+        return await self._persist(
+            lambda: self.store.claim(batch_id, self.owner, limits.window, limits.lease_s)
+        )
 
     async def _line(self, batch: BatchRecord, line: PendingLine, room: anyio.Semaphore) -> None:
         try:
             result = await self._attempts(batch, line)
-            with anyio.CancelScope(shield=True):
-                if await self.store.record(batch.id, line.idx, result):
-                    self.metrics.count(result)
-                    usable = result.ok and result.quality != "invalid"
-                    model = str(line.body.get("model", ""))
-                    self.throughput.add(self._now(), batch.id, model, usable)
+            if await self._persist(lambda: self._record(batch.id, line.idx, result)):
+                self.metrics.count(result)
+                usable = result.ok and result.quality != "invalid"
+                model = str(line.body.get("model", ""))
+                self.throughput.add(self._now(), batch.id, model, usable)
         finally:
             self._held.get(batch.id, set()).discard(line.idx)
             room.release()
+
+    async def _record(self, batch_id: str, idx: int, result: LineResult) -> bool:
+        """One try at recording an answer, shielded: a cancel (of the job, of the
+        runner) does not lose an answer being written. Between tries (an outage) a
+        cancel abandons it, and the line runs again."""
+        with anyio.CancelScope(shield=True):
+            stored = await self.store.record(batch_id, idx, result)
+        return stored
 
     async def _attempts(self, batch: BatchRecord, line: PendingLine) -> LineResult:
         req = line_request(line.body, batch.endpoint)

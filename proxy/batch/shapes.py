@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from typing import Any
 
 from proxy.batch.estimate import Estimate
 from proxy.batch.store import BatchRecord, FileRecord, Json, LineError
@@ -13,16 +11,6 @@ TIMES = (
     "in_progress_at", "finalizing_at", "completed_at", "failed_at",
     "expired_at", "cancelling_at", "cancelled_at",
 )  # fmt: skip
-WINDOW = re.compile(r"^(\d+)([hms])$")
-UNIT_S = {"h": 3600, "m": 60, "s": 1}
-
-
-def window_seconds(window: Any) -> int | None:
-    """``24h`` (OpenAI's only value), or any ``<n>h``/``<n>m``/``<n>s``; None if unreadable."""
-    match = WINDOW.match(window) if isinstance(window, str) else None
-    if match is None or int(match[1]) <= 0:
-        return None
-    return int(match[1]) * UNIT_S[match[2]]
 
 
 def file_object(record: FileRecord) -> Json:

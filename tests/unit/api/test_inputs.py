@@ -63,12 +63,13 @@ async def test_read_json_gives_the_object() -> None:
         (b"", "not valid JSON", None),
         (b"[1, 2]", "must be a JSON object", None),
         (b'"m"', "must be a JSON object", None),
-        (b'{"a": NaN}', "NaN is not a JSON number", None),
-        (b'{"a": [-Infinity]}', "-Infinity is not a JSON number", None),
-        (b'{"a": 1e400}', "out of range", None),
-        (b'{"a": "x\\ud800y"}', "lone surrogate", None),
-        (b'{"x\\udfff": 1}', "lone surrogate", None),
-        (b'{"a": "\xed\xa0\x80"}', "lone surrogate", None),  # json.loads passes these through
+        (b'{"a": NaN}', "`a`: NaN is not a JSON number", "a"),
+        (b'{"a": [-Infinity]}', "`a.0`: -Infinity is not a JSON number", "a.0"),
+        (b'{"a": 1e400}', "`a`: The number 1e400 is out of range", "a"),
+        (b'{"a": "x\\ud800y"}', "lone surrogate", "a"),
+        (b'{"x\\udfff": 1}', "lone surrogate", None),  # a key: its object is named
+        (b'{"b": {"x\\udfff": 1}}', "lone surrogate", "b"),
+        (b'{"a": "\xed\xa0\x80"}', "lone surrogate", "a"),  # json.loads passes these through
         (b'{"a": ' + b"[" * 101 + b"]" * 101 + b"}", "nested deeper", None),
         (b"[" * 5000 + b"]" * 5000, "nested deeper", None),
     ],

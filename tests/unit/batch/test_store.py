@@ -25,7 +25,7 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
 
 
 def jsonl(n: int) -> bytes:
-    body = {"model": "tiny", "messages": []}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
     lines = [{"custom_id": f"c{i}", "method": "POST", "url": CHAT, "body": body} for i in range(n)]
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
