@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from proxy.cli import Parser
@@ -53,6 +54,7 @@ SERVING_FLAGS = (
     "served_model_name",
     "time_scale",
     "enable_prompt_tokens_details",
+    "request_log",
 )
 
 
@@ -147,6 +149,13 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         default=None,
         help="report the prompt tokens found in the prefix cache in each answer's usage "
         "(prompt_tokens_details.cached_tokens), as vLLM does with this flag (default: off)",
+    )
+    sim.add_argument(
+        "--request-log",
+        default=None,
+        metavar="PATH",
+        help="append a JSON line to PATH when each generation request arrives and when "
+        "it ends (for tests that count what reached the engine; default: none)",
     )
     subcommands = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     inter = _table_command(
@@ -312,6 +321,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         port=given("port", SIM_PORT if args.sim_command is None else 0),
         time_scale=given("time_scale", SIM_TIME_SCALE),
         enable_prompt_tokens_details=given("enable_prompt_tokens_details", False),
+        request_log=Path(args.request_log) if getattr(args, "request_log", None) else None,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from loadtests.sim.profile import Profile
 from loadtests.sim.queues import SchedulingPolicy
@@ -19,6 +20,9 @@ class SimSettings:
     time_scale: float = 1.0
     enable_prompt_tokens_details: bool = False
     """Report ``usage.prompt_tokens_details.cached_tokens`` (off by default, as in vLLM)."""
+    request_log: Path | None = None
+    """Append a JSON line for each generation request's start and end to this file
+    (:mod:`loadtests.sim.server.requestlog`; off by default)."""
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:

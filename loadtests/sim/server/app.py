@@ -1,9 +1,10 @@
 """The simulated engine's HTTP server: vLLM's OpenAI-compatible routes and lifecycle.
 
 :func:`create_sim_app` builds nothing but the routes; the engine, its clock, the
-metrics registry and the driver task are made in the lifespan from the settings and
-kept in one :class:`SimState`. On shutdown (after uvicorn has drained the open
-requests) whatever is still in the engine is aborted and the driver is cancelled.
+metrics registry, the driver task and the request log (``--request-log``, if given)
+are made in the lifespan from the settings and kept in one :class:`SimState`. On
+shutdown (after uvicorn has drained the open requests) whatever is still in the
+engine is aborted and the driver is cancelled.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from loadtests.sim.server.protocol import (
     GenerationRequest,
     TokenizeRequest,
 )
+from loadtests.sim.server.requestlog import RequestLog, RequestLogMiddleware
 from loadtests.sim.server.responses import (
     ChatRenderer,
     CompletionRenderer,
@@ -65,6 +67,7 @@ class SimState:
     driver: StepDriver
     created: int = field(default_factory=lambda: int(time.time()))
     driver_task: asyncio.Task[None] | None = None
+    request_log: RequestLog | None = None
 
     @classmethod
     def build(cls, settings: SimSettings) -> SimState:
@@ -202,6 +205,8 @@ def _report_driver_exit(task: asyncio.Task[None]) -> None:
 @asynccontextmanager
 async def _lifespan(app: FastAPI, settings: SimSettings) -> AsyncIterator[None]:
     state = SimState.build(settings)
+    if settings.request_log is not None:
+        state.request_log = RequestLog(settings.request_log)
     app.state.sim = state
     task = asyncio.create_task(state.driver.run(), name="whoseturn-sim-driver")
     task.add_done_callback(_report_driver_exit)
@@ -220,6 +225,8 @@ async def _lifespan(app: FastAPI, settings: SimSettings) -> AsyncIterator[None]:
             logger.warning("shutting down: aborted %d requests still in the engine", left)
         task.cancel()
         await asyncio.wait({task})
+        if state.request_log is not None:
+            state.request_log.close()
 
 
 def _lifespan_for(settings: SimSettings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -233,6 +240,8 @@ def create_sim_app(settings: SimSettings) -> FastAPI:
     """The simulated engine as an ASGI app; nothing is built until its lifespan starts."""
     app = FastAPI(title="whoseturn simulated engine", lifespan=_lifespan_for(settings))
     install_error_handlers(app)
+    if settings.request_log is not None:
+        app.add_middleware(RequestLogMiddleware)
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
