@@ -7,7 +7,8 @@ During each outage the Files and Batches routes answer at once (503 with
 ``Retry-After``, never a hang: every call is timed, the slowest must be under 1 s),
 ``/readyz`` says the store is down (and stays 200: chat does not need the store),
 and afterwards the job goes on by itself: it completes with exactly one output
-line per ``custom_id``, its counts add up, and no line was recorded twice.
+line per ``custom_id``, its counts add up, and no line reached the engine twice
+(the simulated engine's request log).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ import httpx
 import psycopg
 import pytest
 
+from loadtests.sim.server.requestlog import RequestLogReader
 from tests.support.postgres import Cluster, fresh_database, paused, postgres_cluster, start, stop
 from tests.support.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 
@@ -40,7 +43,12 @@ FAST_S = 1.0  # the bound on any Files/Batches call during an outage
 def job_lines() -> bytes:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     lines = [
-        {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {**body, "user": f"line-{i}"},  # what the engine's log shows
+        }
         for i in range(LINES)
     ]
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
@@ -124,7 +132,11 @@ def pause(cluster: Cluster) -> None:
 
 @pytest.mark.timeout(240)
 def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) -> None:
-    with postgres_cluster() as cluster, spawn_sim(time_scale=4.0) as sim:
+    engine_log = tmp_path / "engine.jsonl"
+    with (
+        postgres_cluster() as cluster,
+        spawn_sim("--request-log", str(engine_log), time_scale=4.0) as sim,
+    ):
         dsn = fresh_database(cluster.dsn())
         port = free_port()
         command = serve_command(
@@ -198,3 +210,8 @@ def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) ->
                 metrics = http.get("/metrics").text
                 assert "whoseturn_batch_store_up 1.0" in metrics
         print(f"lines recorded before each outage: {progress}")
+    # No line was run twice: an answer whose record failed in an outage was kept
+    # and recorded after it, not asked again.
+    calls = Tally(r.user for r in RequestLogReader(engine_log).read())
+    assert set(calls) == {f"line-{i}" for i in range(LINES)}
+    assert [u for u, n in calls.items() if n > 1] == [], calls.most_common(5)
