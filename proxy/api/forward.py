@@ -9,6 +9,12 @@ response is closed, which makes the engine abort the request.
 Failures before the client has received a byte are retried on another engine
 serving the model (a non-streaming answer counts as not yet received until it is
 whole); a stream that breaks after bytes went out ends with an SSE error event.
+Until the engine's answer begins (its response head, then its first chunk) the
+wait is watched (:meth:`~proxy.engines.EngineMonitor.awaiting`): when the monitor
+ejects the engine (a hung one fails its health checks), a request still waiting
+there is taken off it at once and retried elsewhere like any other failure
+before the client's first byte, not left to its ``first_byte_timeout_s``; a
+streaming client whose response had begun (headers only) gets the SSE error.
 
 A batch request the scheduler may abort in prefill for a chat (``batch_abort``,
 :mod:`proxy.scheduler.aborts`) is sent with a window open (:mod:`proxy.api.aborts`)
@@ -24,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -48,6 +55,7 @@ from proxy.api.sse import SSEEvent
 from proxy.api.stream import RelayResponse, close_shielded
 from proxy.config import Settings
 from proxy.engines import (
+    AnswerWait,
     EngineConnectTimeout,
     EngineHTTPError,
     EngineMonitor,
@@ -289,28 +297,37 @@ class Forwarder:
         limit = self.services.timeouts.first_byte_s
         first: bytes | None = None
         error: Exception | None = None
+        wait = self.monitor.awaiting(opened.engine)
         try:
-            with anyio.move_on_after(limit) as timer:
+            with wait, anyio.move_on_after(limit) as timer:
                 first = await anext(chunks, None)
             if timer.cancelled_caught:
                 error = EngineTimeout(opened.engine, f"the engine sent nothing for {limit:g} s")
         except (httpx.HTTPError, UpstreamError) as exc:
             error = exc
+        if wait.cut:  # nothing was relayed yet: retried elsewhere
+            raise EngineUnavailable(opened.engine, f"{wait.reason}, before its first chunk")
         return dataclasses.replace(opened, chunks=_replay(first, error, chunks))
 
     async def _connect(self, ticket: Ticket, admitted: Admitted) -> Opened:
         """Open the job's upstream stream on its engine. A connect timeout on an
         engine that answered lately is tried once more: under a burst of new streams
         the proxy's own event loop can be too busy to see a connection made in time,
-        and the request was not sent yet (the 503s once seen at 1,024 streams)."""
+        and the request was not sent yet (the 503s once seen at 1,024 streams). The
+        engine ejected while the response head is awaited cuts the wait short
+        (:class:`EngineUnavailable`: retried elsewhere)."""
         client = self.pool.client_for(admitted.engine)
         body = ticket.req.body_for(client.config.scheduling_policy)
         timeout = self.settings.first_byte_timeout_s
         for attempt in range(2):
             stack = AsyncExitStack()
             try:
-                opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
-                response = await stack.enter_async_context(opening)
+                with self.monitor.awaiting(admitted.engine) as wait:
+                    opening = client.stream(ticket.req.path, body, first_byte_timeout_s=timeout)
+                    response = await stack.enter_async_context(opening)
+                if wait.cut:
+                    reason = f"{wait.reason}, before its answer began"
+                    raise EngineUnavailable(admitted.engine, reason)
             except EngineConnectTimeout as exc:
                 await close_shielded(stack)
                 if attempt or not self.monitor.answered_within(admitted.engine, ANSWERED_LATELY_S):
@@ -350,7 +367,8 @@ class Forwarder:
                 self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
-            raise engine_unavailable(f"No engine could take the request: {exc}") from exc
+            retry = max(1, math.ceil(self.monitor.settings.health_interval_s))
+            raise engine_unavailable(f"No engine could take the request: {exc}", retry) from exc
         if isinstance(exc, EngineHTTPError):
             headers = self._headers(ticket, admitted)
             if exc.status < 500:
@@ -390,7 +408,10 @@ class Forwarder:
         retried = False
         while True:
             opened = await self._open(ticket, retried)
-            relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
+            relay = Relay(
+                ticket, opened.admitted, opened.response, self.services, opened.chunks,
+                self._first_chunk_wait(opened),
+            )  # fmt: skip
             assembler = Assembler(chat=ticket.req.chat)
 
             async def add(events: list[SSEEvent], assembler: Assembler = assembler) -> None:
@@ -425,8 +446,16 @@ class Forwarder:
         self.monitor.request_succeeded(relay.engine)
         return JSONResponse(asm.body(), headers=headers)
 
+    def _first_chunk_wait(self, opened: Opened) -> AnswerWait | None:
+        """The watch on the engine's first chunk for the relay, where it is still to
+        come (an abortable job's was read already)."""
+        return self.monitor.awaiting(opened.engine) if opened.chunks is None else None
+
     def _stream(self, ticket: Ticket, opened: Opened) -> Response:
-        relay = Relay(ticket, opened.admitted, opened.response, self.services, opened.chunks)
+        relay = Relay(
+            ticket, opened.admitted, opened.response, self.services, opened.chunks,
+            self._first_chunk_wait(opened),
+        )  # fmt: skip
         headers = self._headers(ticket, opened.admitted)
         wish = ticket.req.wish
         return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)

@@ -12,6 +12,7 @@ scheduler.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.clock import Clock
-from proxy.engines import EngineTimeout
+from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
 from proxy.metrics import ProxyMetrics
 
 Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
@@ -81,9 +82,13 @@ class Relay:
         response: httpx.Response,
         services: Services,
         chunks: AsyncIterator[bytes] | None = None,
+        first: AnswerWait | None = None,
     ) -> None:
         """``chunks``: the response's raw chunks where a first one was read already
-        (an abortable job's, :mod:`proxy.api.aborts`); else ``response``'s own."""
+        (an abortable job's, :mod:`proxy.api.aborts`); else ``response``'s own.
+        ``first``: the watch on the engine's first chunk
+        (:meth:`~proxy.engines.EngineMonitor.awaiting`), which the engine's ejection
+        cuts short."""
         self.ticket = ticket
         self.admitted = admitted
         self.engine = admitted.engine
@@ -91,6 +96,7 @@ class Relay:
         self.services = services
         self.stats = RelayStats()
         self._chunks = chunks
+        self._first = first
         self._labels = (ticket.req.cls.value, admitted.engine)
         metrics = services.metrics
         # the labelled children, looked up once: the per-token path only observes
@@ -102,7 +108,9 @@ class Relay:
         """Pass the engine's events to ``deliver`` as they complete; read errors
         propagate (httpx), and silence past the read's timeout (``first_byte_s``,
         then ``idle_s``) raises :class:`EngineTimeout`. One timer per stream keeps
-        the timeout (:class:`~proxy.api.silence.Silence`), not one per read.
+        the timeout (:class:`~proxy.api.silence.Silence`), not one per read. The
+        engine ejected before its first chunk raises :class:`EngineStreamBroken`
+        then (the watch ``first``, where given).
 
         The events of one read are passed on together, so a streaming client gets
         them in one write: a proxy that falls behind its engines finds several events
@@ -119,10 +127,16 @@ class Relay:
         turn of the event loop per token: docs/overhead.md.)
         """
         timeouts = self.services.timeouts
-        with Silence(min(timeouts.first_byte_s, timeouts.idle_s)) as silence:
+        first = self._first
+        with (
+            Silence(min(timeouts.first_byte_s, timeouts.idle_s)) as silence,
+            first if first is not None else nullcontext(),
+        ):
             await self._pump(deliver, silence)
         if silence.expired:
             raise EngineTimeout(self.engine, f"the engine sent nothing for {silence.limit:g} s")
+        if first is not None and first.cut:
+            raise EngineStreamBroken(self.engine, f"{first.reason}, before its first chunk")
 
     async def _pump(self, deliver: Deliver, silence: Silence) -> None:
         reader = SSEReader()
@@ -131,9 +145,13 @@ class Relay:
         observe = self._observe
         idle_s = self.services.timeouts.idle_s
         unchecked = 0  # events passed on since the last checkpoint
+        began = None if self._first is None else self._first.began
         silence.reading(self.services.timeouts.first_byte_s)
         async for chunk in chunks:
             silence.read()
+            if began is not None:  # the first chunk: the engine's ejection no longer cuts
+                began()
+                began = None
             events = reader.feed(chunk)
             for start in range(0, len(events), BATCH):
                 batch = events[start : start + BATCH]

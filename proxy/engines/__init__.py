@@ -26,10 +26,11 @@ from proxy.engines._metrics import (
     parse_load,
     parse_prefix_cache_hits,
 )
-from proxy.engines._monitor import EngineMonitor, EngineStateSink
+from proxy.engines._monitor import AnswerWait, EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
 
 __all__ = [
+    "AnswerWait",
     "CacheFacts",
     "EngineBadResponse",
     "EngineClient",

@@ -78,7 +78,7 @@ class EngineClient:
         self.url = config.url
         self.token_cache = TokenCountCache(token_cache_size)
         self._client = client
-        self._control_timeout = httpx.Timeout(control_timeout_s, connect=client.timeout.connect)
+        self._control_timeout = self._timeout(control_timeout_s)
 
     def __repr__(self) -> str:
         return f"EngineClient(name={self.name!r}, url={self.url!r})"
@@ -93,10 +93,12 @@ class EngineClient:
         except (KeyError, TypeError) as exc:
             raise self._bad("/v1/models", exc) from exc
 
-    async def health(self) -> bool:
-        """Whether ``GET /health`` answers 2xx in time; never raises."""
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """Whether ``GET /health`` answers 2xx in time (``timeout_s``; default: the
+        control calls' limit); never raises."""
+        limits = None if timeout_s is None else self._timeout(timeout_s)
         try:
-            await self._call("GET", "/health")
+            await self._call("GET", "/health", limits=limits)
         except UpstreamError as exc:
             logger.debug("engine %s: health check failed: %s", self.name, exc)
             return False
@@ -237,10 +239,18 @@ class EngineClient:
 
     # -- plumbing ------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        """A control call, read whole; raises on failure and on non-2xx."""
+    def _timeout(self, limit_s: float) -> httpx.Timeout:
+        """``limit_s`` for a control call's every phase but connecting, which the
+        shared client's connect timeout bounds."""
+        return httpx.Timeout(limit_s, connect=self._client.timeout.connect)
+
+    async def _call(
+        self, method: str, path: str, body: Any = None, limits: httpx.Timeout | None = None
+    ) -> httpx.Response:
+        """A control call, read whole; raises on failure and on non-2xx. ``limits``:
+        its timeouts, the control calls' own unless given."""
         request = self._client.build_request(
-            method, self.url + path, json=body, timeout=self._control_timeout
+            method, self.url + path, json=body, timeout=limits or self._control_timeout
         )
         response = await self._send(request)
         try:

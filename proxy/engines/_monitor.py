@@ -1,7 +1,8 @@
 """Health checks and ``/metrics`` scrapes of every engine, fed to the scheduler.
 
-- An engine whose health check fails ``settings.unhealthy_after`` times in a row is
-  ejected (``scheduler.set_engine_up(name, False)``); one passing check readmits it.
+- An engine whose health check fails (no 2xx within ``settings.health_timeout_s``)
+  ``settings.unhealthy_after`` times in a row is ejected
+  (``scheduler.set_engine_up(name, False)``); one passing check readmits it.
 - :meth:`EngineMonitor.mark_failed` ejects at once, for the request path that saw
   the engine refuse a connection. Health answers to checks sent before that call
   are ignored, so a check already in flight cannot readmit the engine.
@@ -15,6 +16,13 @@
   passing health check, or a request whose response began): a connect timeout on
   such an engine is taken for the proxy's own delay (a burst of new streams on a
   busy event loop), not a reason to eject it (:mod:`proxy.api.forward`).
+- Requests waiting for an engine's answer to begin (:meth:`EngineMonitor.awaiting`)
+  are cut off when that engine is ejected, for whatever reason: the request path
+  then sends them to another engine, or fails them. A request sent to an engine
+  that has just hung therefore waits until the ejection, not its
+  ``first_byte_timeout_s``: with health checks alone, at most
+  ``unhealthy_after * (health_interval_s + health_timeout_s)`` after the engine
+  stopped (12 s by default; docs/security.md).
 - The loads of up engines go to ``scheduler.observe_load``. A failed scrape is
   logged at warning and counted in ``scrape_failures``; the scheduler keeps the
   last load it was given.
@@ -25,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Protocol
 
 import anyio
@@ -44,6 +53,51 @@ class EngineStateSink(Protocol):
     def set_engine_up(self, name: str, up: bool) -> None: ...
 
     def observe_load(self, name: str, load: EngineLoad) -> None: ...
+
+
+class AnswerWait:
+    """One request waiting for engine ``engine``'s answer to begin, used as ``with``
+    around that wait (from :meth:`EngineMonitor.awaiting`). Ejecting the engine
+    while the block runs cancels it, and so does entering it while the engine is
+    out; :attr:`cut` then says so and :attr:`reason` why. :meth:`began` ends the
+    watch inside the block (the answer began: ejecting the engine no longer cuts it)."""
+
+    def __init__(self, engine: str, monitor: EngineMonitor) -> None:
+        self.engine = engine
+        self.reason = ""
+        self._monitor = monitor
+        self._scope = anyio.CancelScope()
+        self._watched = False
+
+    def __enter__(self) -> AnswerWait:
+        self._scope.__enter__()
+        self._watched = self._monitor._watch(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self.began()
+        return self._scope.__exit__(exc_type, exc, tb)
+
+    @property
+    def cut(self) -> bool:
+        """Whether the engine's ejection ended the block."""
+        return self._scope.cancelled_caught
+
+    def began(self) -> None:
+        """The answer began: the engine's ejection no longer cuts this wait."""
+        if self._watched:
+            self._watched = False
+            self._monitor._unwatch(self)
+
+    def eject(self, reason: str) -> None:
+        """The engine is out (``reason``): cut the wait."""
+        self.reason = reason
+        self._scope.cancel()
 
 
 class EngineMonitor:
@@ -73,6 +127,7 @@ class EngineMonitor:
         self.answered_at: dict[str, float] = {}  # time.monotonic() of its last answer
         self.health_rounds = 0
         self._epoch: dict[str, int] = {}
+        self._waits: dict[str, set[AnswerWait]] = {}  # requests waiting for an answer
         for name in pool.engines:
             self.add(name)
 
@@ -83,6 +138,7 @@ class EngineMonitor:
         self.up[name] = True
         self.failures[name] = self.scrape_failures[name] = self.request_errors[name] = 0
         self._epoch[name] = 0
+        self._waits[name] = set()
 
     def remove(self, name: str) -> None:
         """Stop watching engine ``name`` (it left and nothing runs there any more)."""
@@ -90,6 +146,7 @@ class EngineMonitor:
             table.pop(name, None)
         self.ejected_because.pop(name, None)
         self._epoch.pop(name, None)
+        self._waits.pop(name, None)
 
     async def run(self) -> None:
         """Check health every ``health_interval_s`` and scrape loads every
@@ -109,7 +166,7 @@ class EngineMonitor:
         results: dict[str, bool] = {}
         async with anyio.create_task_group() as tg:
             for engine in list(self.pool.engines.values()):
-                tg.start_soon(_probe, engine, results)
+                tg.start_soon(_probe, engine, self.settings.health_timeout_s, results)
         for name, ok in results.items():
             if name in epochs and self._epoch.get(name) == epochs[name]:
                 self._record(name, ok)
@@ -156,6 +213,13 @@ class EngineMonitor:
         at = self.answered_at.get(name)
         return at is not None and time.monotonic() - at <= seconds
 
+    def awaiting(self, name: str) -> AnswerWait:
+        """A watch for a request waiting for ``name``'s answer to begin (its response
+        head, or its first chunk), to use as ``with``: the block is cancelled if
+        ``name`` is ejected before it ends or :meth:`AnswerWait.began` is called, and
+        at its first wait if ``name`` is out already when it begins."""
+        return AnswerWait(name, self)
+
     def request_succeeded(self, name: str) -> None:
         if name in self.request_errors:
             self.request_errors[name] = 0
@@ -188,8 +252,42 @@ class EngineMonitor:
     def _set_up(self, name: str, up: bool) -> None:
         self.up[name] = up
         self.scheduler.set_engine_up(name, up)
+        if not up:
+            self._cut_waits(name)
         if self.on_change is not None:
             self.on_change(name, up)
+
+    def _watch(self, wait: AnswerWait) -> bool:
+        """Cut ``wait`` when its engine is ejected (whether it is watched now); at
+        once if the engine is out already."""
+        if self.up.get(wait.engine) is False:
+            wait.eject(self.why_unusable(wait.engine))
+            return False
+        waits = self._waits.get(wait.engine)
+        if waits is None:
+            return False  # an engine that left discovery: nothing will eject it
+        waits.add(wait)
+        return True
+
+    def _unwatch(self, wait: AnswerWait) -> None:
+        waits = self._waits.get(wait.engine)
+        if waits is not None:
+            waits.discard(wait)
+
+    def _cut_waits(self, name: str) -> None:
+        """Cut every request still waiting for ``name``'s answer to begin: nothing of
+        its answer came yet, so the request path can send it elsewhere."""
+        waits = self._waits.get(name)
+        if not waits:
+            return
+        logger.warning(
+            "engine %s: %d requests waiting for its answer taken off it", name, len(waits)
+        )
+        reason = self.why_unusable(name)
+        cut = list(waits)
+        waits.clear()
+        for wait in cut:
+            wait.eject(reason)
 
     async def _scrape(self, engine: EngineClient, loads: dict[str, EngineLoad]) -> None:
         try:
@@ -206,8 +304,8 @@ class EngineMonitor:
             )
 
 
-async def _probe(engine: EngineClient, results: dict[str, bool]) -> None:
-    results[engine.name] = await engine.health()
+async def _probe(engine: EngineClient, timeout_s: float, results: dict[str, bool]) -> None:
+    results[engine.name] = await engine.health(timeout_s)
 
 
 async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:

@@ -529,4 +529,4 @@ async def test_health_and_readiness() -> None:
         assert (await client.get("/healthz")).json() == {"status": "ok"}
         ready = await client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"ready": True, "engines_up": ["a"]}
+    assert ready.json() == {"ready": True, "engines_up": ["a"], "batch_store": None}
