@@ -295,6 +295,11 @@ class Admission:
         """This replica's load on each engine, for the shared ledger."""
         return self._scheduler.own_loads()
 
+    def budget_tokens(self, engine: str) -> int:
+        """``engine``'s batch prefill budget ``B`` now (0 for an engine it does not know)."""
+        e = self._scheduler.engines.get(engine)
+        return e.budget.tokens if e is not None else 0
+
     def reservation(self, job_id: str) -> Reservation | None:
         """What to reserve in the shared ledger before sending ``job_id`` (batch)."""
         return self._scheduler.reservation(job_id)

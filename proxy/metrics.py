@@ -9,6 +9,7 @@ disagree with ``/turn``. Everything lives on a registry owned by the app.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -136,6 +137,42 @@ class SchedulerCollector(Collector):
             if c in self.gap_targets:
                 gap.add_metric([c.value], self.gap_targets[c])
         yield from (depth, target, gap)
+
+
+class LedgerState(Protocol):
+    """What the shared budget (:class:`proxy.replicas.SharedBudget`) says of its ledger."""
+
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def outages(self) -> int: ...
+
+    @property
+    def local_grants(self) -> int: ...
+
+
+class LedgerCollector(Collector):
+    """The shared ledger's state, read at scrape time (registered only where several
+    replicas share the engines' budgets, docs/replicas.md)."""
+
+    def __init__(self, ledger: LedgerState) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        up = _gauge(
+            "whoseturn_ledger_up",
+            "1 while the shared ledger answers; 0 while this replica runs batch on a local budget",
+        )
+        up.add_metric([], 1.0 if self.ledger.up else 0.0)
+        outages = _counter("whoseturn_ledger_outages", "Times the shared ledger went down")
+        outages.add_metric([], self.ledger.outages)
+        local = _counter(
+            "whoseturn_ledger_local_reservations",
+            "Batch requests sent on the local budget while the shared ledger was down",
+        )
+        local.add_metric([], self.ledger.local_grants)
+        yield from (up, outages, local)
 
 
 class ProxyMetrics:

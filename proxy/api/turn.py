@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
+from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.pieces import PieceChoice
 from proxy.batch.lines import job_line
 from proxy.scheduler import Abort
@@ -51,17 +52,36 @@ def turn_body(
     admission: Admission,
     pieces: dict[str, dict[str, object]] | None = None,
     replica: str | None = None,
+    ledger: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
     with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`); with
     ``replica``, the name of the proxy process that answers (with several workers or
-    replicas, each answers with its own view)."""
+    replicas, each answers with its own view); with ``ledger``, the shared ledger's
+    state (:meth:`proxy.replicas.SharedBudget.report`; ``down_since`` added while it
+    is down)."""
     wall = time.time()
     engines = [_with_times(e, wall) for e in admission.report()]
     for entry in engines:
         if pieces is not None and entry.get("engine") in pieces:
             entry["piecing"] = pieces[entry["engine"]]
-    return {"time": _iso(wall), "replica": replica, "engines": engines}
+    body: dict[str, Any] = {"time": _iso(wall), "replica": replica, "engines": engines}
+    if ledger is not None:
+        down_for = ledger.get("down_for_s")
+        since = None if down_for is None else _iso(wall - down_for)
+        body["ledger"] = {**ledger, "down_since": since}
+    return body
+
+
+def ledger_sentence(ledger: dict[str, Any]) -> str:
+    """The shared ledger's state in one line, for ``/turn?format=text``."""
+    if ledger["up"]:
+        return "shared ledger: up"
+    shares = ", ".join(f"{name} {e['local_share_tokens']}" for name, e in ledger["engines"].items())
+    return (
+        f"shared ledger: DOWN for {ledger['down_for_s']:.1f} s ({ledger['cause']}); "
+        f"batch on a local budget (tokens: {shares or 'no engine'})"
+    )
 
 
 def history_body(admission: Admission, seconds: int) -> dict[str, Any]:
@@ -175,23 +195,30 @@ def install_turn_routes(
     pieces_of: Callable[[Request], dict[str, dict[str, object]] | None] = lambda _: None,
     replica_of: Callable[[Request], str | None] = lambda _: None,
     choices_of: Callable[[Request, int], Sequence[PieceChoice]] = lambda _, __: (),
+    ledger_of: Callable[[Request], dict[str, Any] | None] = lambda _: None,
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
     ``pieces_of(request)`` its engines' piecing facts, if it has any;
     ``replica_of(request)`` its replica name; ``choices_of(request, limit)`` its most
-    recent piecing choices."""
+    recent piecing choices; ``ledger_of(request)`` its shared ledger's state, if it
+    has one."""
 
-    @app.get("/turn", response_model=None)
+    @app.get("/turn", response_model=None, responses=TURN, openapi_extra=TURN_QUERY)
     async def turn(request: Request) -> Response:
-        body = turn_body(admission_of(request), pieces_of(request), replica_of(request))
+        body = turn_body(
+            admission_of(request), pieces_of(request), replica_of(request), ledger_of(request)
+        )
         if wants_text(request):
-            return PlainTextResponse("\n".join(sentence(e) for e in body["engines"]) + "\n")
+            lines = [sentence(e) for e in body["engines"]]
+            if "ledger" in body:
+                lines.append(ledger_sentence(body["ledger"]))
+            return PlainTextResponse("\n".join(lines) + "\n")
         return JSONResponse(body)
 
-    @app.get("/turn/log")
+    @app.get("/turn/log", responses=TURN_LOG)
     async def turn_log(request: Request, limit: int = 100) -> JSONResponse:
         return JSONResponse(log_body(admission_of(request), limit, choices_of(request, limit)))
 
-    @app.get("/turn/history")
+    @app.get("/turn/history", responses=TURN_HISTORY)
     async def turn_history(request: Request, seconds: int = 60) -> JSONResponse:
         return JSONResponse(history_body(admission_of(request), seconds))

@@ -22,6 +22,16 @@ class Verdict:
     others: ReplicaLoad
 
 
+@dataclass(frozen=True)
+class Others:
+    """The other live replicas on one engine, as a publication read them: their
+    summed load there, and how many they are (each live replica keeps a row for
+    every engine it knows, idle or not)."""
+
+    load: ReplicaLoad
+    replicas: int
+
+
 def granted(reservation: Reservation, others: ReplicaLoad) -> bool:
     """Whether ``reservation`` fits beside ``others``: no other replica holds the
     engine for interactive work (unless the job runs beside interactive prefill on
@@ -38,7 +48,8 @@ class Ledger(Protocol):
     """Per engine (by its URL, the same on every replica), each replica's load.
 
     Rows whose last write is older than the lease do not count (a replica that
-    died). Every method raises :class:`LedgerError` on failure.
+    died). Every method raises :class:`LedgerError` on failure, and fails within its
+    own time limit: a store that stops answering must not hold the caller.
     """
 
     async def open(self) -> None: ...
@@ -47,9 +58,10 @@ class Ledger(Protocol):
         """Remove this replica's rows and let go of the connections."""
         ...
 
-    async def publish(self, loads: Mapping[str, ReplicaLoad]) -> dict[str, ReplicaLoad]:
+    async def publish(self, loads: Mapping[str, ReplicaLoad]) -> dict[str, Others]:
         """Write this replica's ``loads`` (by engine URL) with a fresh heartbeat;
-        return the sum of the other live replicas' loads, by engine URL."""
+        return the other live replicas on each engine (their summed load, and how
+        many), by engine URL."""
         ...
 
     async def reserve(self, engine: str, reservation: Reservation) -> Verdict:

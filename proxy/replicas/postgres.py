@@ -12,13 +12,21 @@ Both tables are ``UNLOGGED``: the ledger is soft state, rewritten every publish
 interval, so its writes skip the write-ahead log and its commits wait for no disk
 flush (after a database crash the tables come back empty, which is what a lease
 would make of them anyway). Times are the database's own ``now()``, so the
-replicas' clocks never meet. Every
-call has a time limit (``timeout_s``); past it, or on any database error, it raises
-:class:`~proxy.replicas.LedgerError`.
+replicas' clocks never meet.
+
+One connection, used by one call at a time (the replica's calls are one at a time
+anyway), made again on the next call once it is lost. Every call has a time limit
+(``timeout_s``), kept on this side: a database that is paused (``SIGSTOP``, a frozen
+VM) answers nothing, so no server-side timeout would fire. Past the limit the
+connection is closed, never reused half-way through a statement; past it, or on any
+database error, the call raises :class:`~proxy.replicas.LedgerError`. No pool sits in
+between: a pool's reconnection back-off would keep the replica off the ledger for
+seconds after the database is back, where the next call here reconnects at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -27,12 +35,12 @@ from typing import Any
 import anyio
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from proxy.replicas._ledger import LedgerError, Verdict, granted
+from proxy.replicas._ledger import LedgerError, Others, Verdict, granted
 from proxy.scheduler import ReplicaLoad, Reservation
 
 logger = logging.getLogger(__name__)
+OPEN_TIMEOUT_S = 30.0  # the first connection and the schema, at startup
 
 SCHEMA = """
 CREATE UNLOGGED TABLE IF NOT EXISTS whoseturn_ledger_engines (engine text PRIMARY KEY);
@@ -61,7 +69,8 @@ ON CONFLICT (engine, replica) DO UPDATE SET batch_prefill_tokens = EXCLUDED.batc
 """
 
 OTHERS = """
-SELECT engine, coalesce(sum(batch_prefill_tokens), 0)::bigint, coalesce(bool_or(hold), false)
+SELECT engine, coalesce(sum(batch_prefill_tokens), 0)::bigint, coalesce(bool_or(hold), false),
+    count(*)
 FROM whoseturn_ledger
 WHERE replica <> %s AND updated_at > now() - make_interval(secs => %s) {where}
 GROUP BY engine
@@ -82,38 +91,44 @@ class PostgresLedger:
         self.replica = replica
         self.lease_s = lease_s
         self.timeout_s = timeout_s
-        self._pool = AsyncConnectionPool(
-            dsn, min_size=1, max_size=2, open=False, name="whoseturn-ledger", timeout=timeout_s
-        )
+        self._dsn = dsn
+        self._conn: AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
 
     async def open(self) -> None:
         try:
-            await self._pool.open(wait=True, timeout=30)
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._transaction(OPEN_TIMEOUT_S) as conn:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext('whoseturn_ledger'))")
                 await conn.execute(SCHEMA)
-        except (psycopg.Error, PoolTimeout) as exc:
+        except LedgerError as exc:
             raise LedgerError(f"cannot open the ledger: {exc}") from exc
         logger.info("shared budget: replica %s, ledger in PostgreSQL", self.replica)
 
     async def close(self) -> None:
-        try:
-            with anyio.fail_after(self.timeout_s):
-                async with self._pool.connection() as conn:
+        for attempt in (1, 2):  # the first may find a connection the database dropped
+            try:
+                async with self._transaction() as conn:
                     sql = "DELETE FROM whoseturn_ledger WHERE replica = %s"
                     await conn.execute(sql, (self.replica,))
-        except (psycopg.Error, PoolTimeout, TimeoutError) as exc:
-            logger.warning("ledger: could not remove this replica's rows: %s", exc)
-        await self._pool.close()
+                break
+            except LedgerError as exc:
+                if attempt == 2 or isinstance(exc.__cause__, TimeoutError):
+                    logger.warning("ledger: could not remove this replica's rows: %s", exc)
+                    break
+        async with self._lock:
+            await self._drop()
 
-    async def publish(self, loads: Mapping[str, ReplicaLoad]) -> dict[str, ReplicaLoad]:
+    async def publish(self, loads: Mapping[str, ReplicaLoad]) -> dict[str, Others]:
         rows = [(e, self.replica, x.batch_prefill_tokens, x.hold_for_interactive)
                 for e, x in sorted(loads.items())]  # fmt: skip
         async with self._transaction() as conn:
             async with conn.cursor() as cur:
                 await cur.executemany(UPSERT, rows)
             cur = await conn.execute(OTHERS.format(where=""), (self.replica, self.lease_s))
-            return {row[0]: ReplicaLoad(int(row[1]), bool(row[2])) for row in await cur.fetchall()}
+            return {
+                row[0]: Others(ReplicaLoad(int(row[1]), bool(row[2])), int(row[3]))
+                for row in await cur.fetchall()
+            }
 
     async def reserve(self, engine: str, reservation: Reservation) -> Verdict:
         async with self._transaction() as conn:
@@ -128,14 +143,33 @@ class PostgresLedger:
             return Verdict(ok, others)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection in a transaction, under the time limit; database
-        errors and the time limit come out as :class:`LedgerError`."""
-        try:
-            with anyio.fail_after(self.timeout_s):
-                async with self._pool.connection() as conn, conn.transaction():
-                    yield conn
-        except TimeoutError as exc:
-            raise LedgerError(f"no answer within {self.timeout_s:g} s") from exc
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise LedgerError(str(exc) or type(exc).__name__) from exc
+    async def _transaction(
+        self, limit_s: float | None = None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """The connection (made again if it was lost) in a transaction, under the
+        time limit (``timeout_s`` unless ``limit_s``), one call at a time. Database
+        errors and the time limit come out as :class:`LedgerError`; a connection that
+        timed out or broke is closed, and the next call makes a new one."""
+        limit = self.timeout_s if limit_s is None else limit_s
+        async with self._lock:
+            try:
+                with anyio.fail_after(limit):
+                    if self._conn is None or self._conn.closed or self._conn.broken:
+                        await self._drop()
+                        self._conn = await AsyncConnection.connect(self._dsn)
+                    async with self._conn.transaction():
+                        yield self._conn
+            except TimeoutError as exc:
+                await self._drop()  # stuck mid-statement: never to be used again
+                raise LedgerError(f"no answer within {limit:g} s") from exc
+            except psycopg.Error as exc:
+                if self._conn is not None and self._conn.broken:
+                    await self._drop()
+                raise LedgerError(str(exc) or type(exc).__name__) from exc
+
+    async def _drop(self) -> None:
+        """Close the connection, if any (it sends no more than a goodbye, and waits
+        for no answer)."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            await conn.close()

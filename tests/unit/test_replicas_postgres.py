@@ -1,16 +1,19 @@
 """The shared ledger on a real PostgreSQL: two replicas' rows, reservations under the
-engine's lock, a dead replica's lease, failures as LedgerError."""
+engine's lock, a dead replica's lease, failures as LedgerError, and a database that
+stops answering (paused) or goes away and comes back (restarted)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.replicas import LedgerError
+from proxy.replicas import LedgerError, Others
 from proxy.replicas.postgres import PostgresLedger
 from proxy.scheduler import ReplicaLoad, Reservation
+from tests.support.postgres import fresh_database, paused, postgres_cluster, start, stop
 from tests.support.processes import closed_port_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -43,13 +46,17 @@ async def test_each_replica_sees_the_sum_of_the_others(
         await b.publish({ENGINE: ReplicaLoad(300, False)})
         await c.publish({ENGINE: ReplicaLoad(200, True), "http://other:1": ReplicaLoad(5, False)})
         seen = await a.publish({ENGINE: ReplicaLoad(100, False)})
-        assert seen == {ENGINE: ReplicaLoad(500, True), "http://other:1": ReplicaLoad(5, False)}
-        assert (await b.publish({ENGINE: ReplicaLoad(300, False)}))[ENGINE] == ReplicaLoad(
-            300, True
+        assert seen == {
+            ENGINE: Others(ReplicaLoad(500, True), replicas=2),
+            "http://other:1": Others(ReplicaLoad(5, False), replicas=1),
+        }
+        assert (await b.publish({ENGINE: ReplicaLoad(300, False)}))[ENGINE] == Others(
+            ReplicaLoad(300, True), replicas=2
         )
     finally:
         await c.close()
-    assert (await a.publish({}))[ENGINE] == ReplicaLoad(300, False), "c's rows left with it"
+    seen = await a.publish({})
+    assert seen[ENGINE] == Others(ReplicaLoad(300, False), 1), "c's rows left with it"
 
 
 async def test_a_reservation_counts_the_others_and_writes_its_own(
@@ -59,10 +66,11 @@ async def test_a_reservation_counts_the_others_and_writes_its_own(
     await b.publish({ENGINE: ReplicaLoad(600, False)})
     refused = await a.reserve(ENGINE, reservation(500, in_prefill=500))
     assert not refused.granted and refused.others == ReplicaLoad(600, False)
-    assert (await b.publish({ENGINE: ReplicaLoad(600, False)}))[ENGINE].batch_prefill_tokens == 0
+    assert (await b.publish({ENGINE: ReplicaLoad(600, False)}))[ENGINE].load == ReplicaLoad()
     ok = await a.reserve(ENGINE, reservation(400, in_prefill=400))
     assert ok.granted
-    assert (await b.publish({ENGINE: ReplicaLoad(600, False)}))[ENGINE].batch_prefill_tokens == 400
+    seen = await b.publish({ENGINE: ReplicaLoad(600, False)})
+    assert seen[ENGINE].load.batch_prefill_tokens == 400
 
 
 async def test_concurrent_reservations_never_exceed_the_budget(
@@ -100,3 +108,28 @@ async def test_an_unreachable_store_is_a_ledger_error() -> None:
     ledger = PostgresLedger(url + "/db?connect_timeout=1", "a", lease_s=3.0, timeout_s=0.5)
     with pytest.raises(LedgerError):
         await ledger.publish({ENGINE: ReplicaLoad()})
+
+
+async def test_a_paused_database_times_out_and_one_back_answers_at_once() -> None:
+    """Paused (SIGSTOP: connections open, nothing answers), each call gives up within
+    its time limit, the stuck connection included; restarted, the next call
+    reconnects at once (no back-off keeps the replica off the ledger)."""
+    with postgres_cluster() as cluster:
+        ledger = PostgresLedger(fresh_database(cluster.dsn()), "a", lease_s=3.0, timeout_s=0.3)
+        await ledger.open()
+        await ledger.publish({ENGINE: ReplicaLoad(1, False)})
+        with paused(cluster):
+            for _ in range(2):  # on the open connection, then on a new one
+                started = time.monotonic()
+                with pytest.raises(LedgerError, match="no answer within"):
+                    await ledger.publish({ENGINE: ReplicaLoad(2, False)})
+                assert time.monotonic() - started < 0.3 * 3
+        assert await ledger.publish({ENGINE: ReplicaLoad(3, False)}) == {}
+        stop(cluster)
+        with pytest.raises(LedgerError):
+            await ledger.publish({ENGINE: ReplicaLoad(4, False)})
+        start(cluster)
+        started = time.monotonic()
+        assert await ledger.publish({ENGINE: ReplicaLoad(5, False)}) == {}
+        assert time.monotonic() - started < 0.5
+        await ledger.close()
