@@ -6,8 +6,10 @@ scheduler."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -16,10 +18,18 @@ from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.auth import KeyGuard
-from proxy.api.docs import ModelList, Readiness, completion_route_docs, error_responses
+from proxy.api.docs import (
+    Health,
+    ModelList,
+    Readiness,
+    completion_route_docs,
+    error_responses,
+    publish_as_written,
+)
 from proxy.api.errors import install_error_handlers
 from proxy.api.guard import Guard
 from proxy.api.inputs import check_api_key
+from proxy.api.methods import HeadAsGet
 from proxy.api.pieces import PieceChoice
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
@@ -65,7 +75,14 @@ def create_app(
     uploads = {
         "/v1/files": max(settings.max_body_bytes, settings.batch_max_file_bytes + FORM_SLACK_BYTES)
     }
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, path_limits=uploads)
+    app.add_middleware(
+        Guard,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits=uploads,
+        body_timeout_s=settings.body_timeout_s,
+        max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
+    )
+    app.add_middleware(HeadAsGet, routes=app.router.routes)  # outermost: HEAD runs as GET
     _routes(app)
     install_turn_routes(
         app,
@@ -73,9 +90,11 @@ def create_app(
         _piece_facts,
         lambda request: _state(request).replica,
         _piece_choices,
+        _ledger_state,
     )
     install_status_route(app)
     install_batch_routes(app, lambda request: _state(request).batch)
+    publish_as_written(app)
     return app
 
 
@@ -87,6 +106,11 @@ def _piece_choices(request: Request, limit: int) -> list[PieceChoice]:
 def _piece_facts(request: Request) -> dict[str, dict[str, object]] | None:
     pieces = _state(request).forwarder.pieces
     return None if pieces is None else pieces.report()
+
+
+def _ledger_state(request: Request) -> dict[str, Any] | None:
+    shared = _state(request).shared
+    return None if shared is None else shared.report()
 
 
 METRICS_DOC: dict[int | str, dict[str, object]] = {
@@ -127,16 +151,22 @@ def _routes(app: FastAPI) -> None:
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/healthz", responses={200: {"description": "The proxy is alive."}})
+    @app.get(
+        "/healthz", response_model=Health, responses={200: {"description": "The proxy is alive."}}
+    )
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
     async def readyz(request: Request) -> JSONResponse:
-        monitor = _state(request).monitor
+        state = _state(request)
+        monitor = state.monitor
         up = [n for n, ok in monitor.up.items() if ok and monitor.failures[n] == 0]
         ready = monitor.health_rounds > 0 and bool(up)
-        return JSONResponse({"ready": ready, "engines_up": up}, status_code=200 if ready else 503)
+        body = {"ready": ready, "engines_up": up, "batch_store": None}
+        if state.batch is not None:
+            body["batch_store"] = state.batch.store.health.view(time.monotonic())
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", responses=METRICS_DOC)
     async def metrics(request: Request) -> Response:

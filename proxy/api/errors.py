@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from proxy.api.methods import allowed_methods
+
 
 class APIError(Exception):
     """An error the proxy answers itself, with an HTTP status."""
@@ -98,7 +100,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
-        return from_http_exception(request, exc).response(dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only the route's
+            headers["Allow"] = ", ".join(allowed_methods(app.router.routes, request.scope))
+        return from_http_exception(request, exc).response(headers)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -9,10 +9,12 @@ refuses, say a file deleted meanwhile, fails the job with OpenAI's ``errors``).
 
 from __future__ import annotations
 
-import json
+import functools
+import math
+import re
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -22,11 +24,22 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
+from proxy.api.body import (
+    ID_PATTERN,
+    BodyError,
+    PageQuery,
+    check_batch,
+    check_page,
+    parse_json,
+    window_seconds,
+)
 from proxy.api.errors import APIError, bad_request
 from proxy.api.inputs import check_api_key
-from proxy.batch.lines import ENDPOINTS, check_file
+from proxy.batch.health import GuardedStore, StoreDown
+from proxy.batch.lines import check_file
 from proxy.batch.runner import BatchRunner
-from proxy.batch.shapes import batch_object, file_object, page, window_seconds
+from proxy.batch.schema import MAX_FORM_FIELDS, ROUTE_DOCS
+from proxy.batch.shapes import batch_object, file_object, page
 from proxy.batch.store import (
     BatchRecord,
     BatchStore,
@@ -47,7 +60,7 @@ class BatchAPI:
     """What the routes need: the settings (keys, limits), the store and the runner."""
 
     settings: Settings
-    store: BatchStore
+    store: GuardedStore
     runner: BatchRunner
 
 
@@ -57,13 +70,32 @@ Getter = Callable[[Request], "BatchAPI | None"]
 def _api(request: Request, get: Getter) -> BatchAPI:
     api = get(request)
     if api is None:
-        raise APIError(
-            503,
-            "The Batch API is off: set batch_store_path (or batch_dsn).",
-            err_type="service_unavailable",
-        )
+        raise batch_api_off()
     check_api_key(request, api.settings)
     return api
+
+
+def batch_api_off() -> APIError:
+    """The answer of every route while the Batch API is off: 404, as OpenAI answers
+    what the caller cannot use (the SDKs retry a 503, which no retry would fix)."""
+    return APIError(
+        404,
+        "The Batch API is off on this proxy: set `batch_store_path` (SQLite) or "
+        "`batch_store: postgres` and `batch_dsn` to turn it on.",
+        code="batch_api_off",
+    )
+
+
+_ID = re.compile(ID_PATTERN)
+
+
+def _path_id(request: Request, what: str) -> str:
+    """The ``{what}_id`` of the path; 404 for one no id could be (a NUL byte, say,
+    which would reach the database)."""
+    ident = str(request.path_params[f"{what}_id"])
+    if not _ID.match(ident):
+        raise not_found(what, ident.encode("ascii", "backslashreplace").decode()[:80])
+    return ident
 
 
 def not_found(what: str, ident: str) -> APIError:
@@ -72,7 +104,9 @@ def not_found(what: str, ident: str) -> APIError:
 
 def install_batch_routes(app: FastAPI, get: Getter) -> None:
     """``/v1/files...``, ``/v1/batches...`` and ``/status/batches`` (the status
-    page's batch section); ``get`` finds the running :class:`BatchAPI`."""
+    page's batch section); ``get`` finds the running :class:`BatchAPI`. While the
+    store is down they answer 503 with ``Retry-After`` (:func:`store_unavailable`)."""
+    app.add_exception_handler(StoreDown, _on_store_down)
     _file_routes(app, get)
     _batch_routes(app, get)
     _read_routes(
@@ -91,15 +125,33 @@ def install_batch_routes(app: FastAPI, get: Getter) -> None:
         return JSONResponse(await jobs_body(api.runner if api is not None else None))
 
 
+def store_unavailable(exc: StoreDown) -> APIError:
+    """The answer while the store is down: retryable, and when."""
+    retry = max(1, math.ceil(exc.retry_after_s))
+    return APIError(
+        503,
+        f"The batch store is unavailable; try again in {retry} s.",
+        err_type="service_unavailable",
+        code="store_unavailable",
+        headers={"Retry-After": str(retry)},
+    )
+
+
+async def _on_store_down(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreDown)
+    return store_unavailable(exc).response()
+
+
 def _batch_object(api: BatchAPI, record: BatchRecord) -> Json:
     return batch_object(record, api.runner.estimate(record))
 
 
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-        raise bad_request("`limit` must be an integer from 1 to 10000.", param="limit")
-    return int(raw)
+def _page(request: Request) -> PageQuery:
+    """``after`` and ``limit`` of a list request (400 naming the one out of bounds)."""
+    try:
+        return check_page(request.query_params)
+    except BodyError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
 
 
 def _read_routes(
@@ -113,15 +165,15 @@ def _read_routes(
 ) -> None:
     """``GET path`` (a page: ``after``, ``limit``) and ``GET path/{id}`` of ``what``."""
 
-    @app.get(path, name=f"list_{what}")
+    @app.get(path, name=f"list_{what}", **ROUTE_DOCS[f"list_{what}"])
     async def listing(request: Request) -> JSONResponse:
-        api, limit = _api(request, get), _limit(request)
-        found = await lister(api.store)(request.query_params.get("after"), limit + 1)
-        return JSONResponse(page([render(api, x) for x in found], limit))
+        api, query = _api(request, get), _page(request)
+        found = await lister(api.store)(query.after, query.limit + 1)
+        return JSONResponse(page([render(api, x) for x in found], query.limit))
 
-    @app.get(path + "/{ident}", name=f"get_{what}")
-    async def one(request: Request, ident: str) -> JSONResponse:
-        api = _api(request, get)
+    @app.get(path + f"/{{{what}_id}}", name=f"get_{what}", **ROUTE_DOCS[f"get_{what}"])
+    async def one(request: Request) -> JSONResponse:
+        api, ident = _api(request, get), _path_id(request, what)
         found = await getter(api.store)(ident)
         if found is None:
             raise not_found(what, ident)
@@ -129,14 +181,14 @@ def _read_routes(
 
 
 def _file_routes(app: FastAPI, get: Getter) -> None:
-    @app.post("/v1/files")
+    @app.post("/v1/files", **ROUTE_DOCS["upload"])
     async def upload(request: Request) -> JSONResponse:
         api = _api(request, get)
         return JSONResponse(file_object(await _store_upload(request, api)))
 
-    @app.get("/v1/files/{file_id}/content")
-    async def content(request: Request, file_id: str) -> StreamingResponse:
-        store = _api(request, get).store
+    @app.get("/v1/files/{file_id}/content", **ROUTE_DOCS["content"])
+    async def content(request: Request) -> StreamingResponse:
+        store, file_id = _api(request, get).store, _path_id(request, "file")
         found = await store.get_file(file_id)
         if found is None:
             raise not_found("file", file_id)
@@ -145,9 +197,11 @@ def _file_routes(app: FastAPI, get: Getter) -> None:
             store.read_file(file_id), media_type="application/jsonl", headers=headers
         )
 
-    @app.delete("/v1/files/{file_id}")
-    async def delete(request: Request, file_id: str) -> JSONResponse:
-        if not await _api(request, get).store.delete_file(file_id):
+    @app.delete("/v1/files/{file_id}", **ROUTE_DOCS["delete"])
+    async def delete(request: Request) -> JSONResponse:
+        api = _api(request, get)
+        file_id = _path_id(request, "file")
+        if not await api.store.delete_file(file_id):
             raise not_found("file", file_id)
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -162,7 +216,7 @@ async def _store_upload(request: Request, api: BatchAPI) -> FileRecord:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + FORM_SLACK_BYTES:
         raise _too_large(limit)
-    async with request.form(max_files=1, max_fields=8) as form:
+    async with request.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile):
             raise bad_request("`file` is required (multipart form).", param="file")
@@ -172,7 +226,8 @@ async def _store_upload(request: Request, api: BatchAPI) -> FileRecord:
             raise _too_large(limit)
         spool = api.store.spool_path()
         await anyio.to_thread.run_sync(_copy, upload, spool)
-        return await api.store.add_file("batch", upload.filename or "upload.jsonl", spool)
+        name = "".join(c for c in upload.filename or "" if c.isprintable())[:255]
+        return await api.store.add_file("batch", name or "upload.jsonl", spool)
 
 
 def _copy(upload: UploadFile, to: Path) -> None:
@@ -181,15 +236,15 @@ def _copy(upload: UploadFile, to: Path) -> None:
 
 
 def _batch_routes(app: FastAPI, get: Getter) -> None:
-    @app.post("/v1/batches")
+    @app.post("/v1/batches", **ROUTE_DOCS["create"])
     async def create(request: Request) -> JSONResponse:
         api = _api(request, get)
         created = await _create(api, await _read_body(request))
         return JSONResponse(_batch_object(api, created))
 
-    @app.post("/v1/batches/{batch_id}/cancel")
-    async def cancel(request: Request, batch_id: str) -> JSONResponse:
-        api = _api(request, get)
+    @app.post("/v1/batches/{batch_id}/cancel", **ROUTE_DOCS["cancel"])
+    async def cancel(request: Request) -> JSONResponse:
+        api, batch_id = _api(request, get), _path_id(request, "batch")
         moved = await api.store.set_status(batch_id, "cancelling", ("validating", "in_progress"))
         found = await api.store.get_batch(batch_id)
         if found is None:
@@ -201,24 +256,20 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
 
 
 async def _create(api: BatchAPI, body: Json) -> BatchRecord:
-    endpoint, window = body.get("endpoint"), body.get("completion_window")
-    if endpoint not in ENDPOINTS:
-        raise bad_request(f"`endpoint` must be one of {list(ENDPOINTS)}.", param="endpoint")
-    window_s = window_seconds(window)
-    if window_s is None:
-        raise bad_request("`completion_window` must be like `24h`.", param="completion_window")
-    metadata = body.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
-    ):
-        raise bad_request("`metadata` must map strings to strings.", param="metadata")
-    file_id = body.get("input_file_id")
-    await _input_file(api, file_id)
-    await _check_lines(api, str(file_id), str(endpoint))
-    meta: Mapping[str, str] | None = metadata
+    """The job, stored ``validating``: the request checked (the rules and bounds of
+    :class:`proxy.api.body.BatchRequest`), then its input file and every line."""
+    try:
+        asked = check_batch(body)
+    except BodyError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
+    window_s = window_seconds(asked.completion_window)
+    assert window_s is not None  # the model checked it
+    await _input_file(api, asked.input_file_id)
+    await _check_lines(api, asked.input_file_id, asked.endpoint)
     new = NewBatch(
-        f"batch_{uuid.uuid4().hex}", str(endpoint), str(file_id), str(window), window_s, meta
-    )
+        f"batch_{uuid.uuid4().hex}", asked.endpoint, asked.input_file_id,
+        asked.completion_window, window_s, asked.metadata,
+    )  # fmt: skip
     return await api.store.add_batch(new)
 
 
@@ -226,9 +277,10 @@ async def _check_lines(api: BatchAPI, file_id: str, endpoint: str) -> None:
     """Every line of the input file checked before the job exists (a stream, off the
     event loop): a bad one is a 400 naming it, and nothing is stored."""
     limit = api.settings.batch_max_lines
+    check = functools.partial(check_file, max_line_bytes=api.settings.max_body_bytes)
     try:
         async with api.store.local_file(file_id) as path:
-            await anyio.to_thread.run_sync(check_file, path, endpoint, limit)
+            await anyio.to_thread.run_sync(check, path, endpoint, limit)
     except LineError as exc:
         raise bad_request(str(exc), param="input_file_id") from None
     except OSError:
@@ -254,9 +306,9 @@ async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:
 
 async def _read_body(request: Request) -> Json:
     try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+        body = parse_json(await request.body())
+    except BodyError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     return body

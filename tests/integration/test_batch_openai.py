@@ -265,6 +265,26 @@ def test_unknown_ids_are_404(proxy: ProxyServer) -> None:
     assert proxy.http.post("/v1/batches/batch_x/cancel").status_code == 404
 
 
+def test_ids_no_file_could_have_are_404_not_500(proxy: ProxyServer) -> None:
+    """A NUL byte in a path id or an upload's name never reaches the database
+    (PostgreSQL refuses NUL in text: that was a 500)."""
+    for ident in ("a%00b", "%00", "x" * 300, "%C3%A9"):
+        for path in (f"/v1/batches/{ident}", f"/v1/files/{ident}", f"/v1/files/{ident}/content"):
+            got = proxy.http.get(path)
+            assert got.status_code == 404, (path, got.text)
+        assert proxy.http.delete(f"/v1/files/{ident}").status_code == 404
+        assert proxy.http.post(f"/v1/batches/{ident}/cancel").status_code == 404
+    form = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in\x00put.jsonl"\r\n'
+        b"Content-Type: application/jsonl\r\n\r\n{}\n\r\n--b--\r\n"
+    )
+    headers = {"content-type": "multipart/form-data; boundary=b"}
+    up = proxy.http.post("/v1/files", content=form, headers=headers)
+    assert up.status_code == 200, up.text
+    assert up.json()["filename"] == "input.jsonl"
+
+
 def test_store_holds_the_files(proxy: ProxyServer, client: openai.OpenAI) -> None:
     """SQLite: a database file and a folder beside it; PostgreSQL: the bytes in the
     database (any replica serves them)."""
