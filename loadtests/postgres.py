@@ -14,6 +14,7 @@ benchmarks measure with them).
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import glob
 import os
@@ -148,13 +149,16 @@ def paused(cluster: Cluster) -> Iterator[None]:
     open and nothing answers, as a hung host or a stalled disk looks from outside."""
     import signal
 
-    postmaster, *children = server_pids(cluster)
-    os.kill(postmaster, signal.SIGSTOP)  # first: it starts no new process after
-    pids = [postmaster, *children, *(p for p in server_pids(cluster) if p not in children)]
-    for pid in pids[1:]:
-        os.kill(pid, signal.SIGSTOP)
+    def send(pids: list[int], sig: int) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # one that had just ended
+                os.kill(pid, sig)
+
+    postmaster = server_pids(cluster)[0]
+    send([postmaster], signal.SIGSTOP)  # first: it starts no new process after
+    pids = list(dict.fromkeys(server_pids(cluster)))
+    send(pids[1:], signal.SIGSTOP)
     try:
         yield
     finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        send(pids, signal.SIGCONT)

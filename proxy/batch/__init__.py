@@ -31,6 +31,7 @@ from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
 
 __all__ = ["BatchAPI", "build_batch", "install_batch_routes"]
+OPEN_TIMEOUT_S = 5.0  # PostgreSQL at start: longer, and the proxy starts without it
 
 
 async def build_batch(
@@ -61,7 +62,13 @@ async def build_batch(
         timeout_s = None  # its calls run on a thread, which cannot be cut short
     else:
         return None
-    store = GuardedStore(backend, time.monotonic, timeout_s=timeout_s, outage_errors=outages)
+    store = GuardedStore(
+        backend,
+        time.monotonic,
+        timeout_s=timeout_s,
+        outage_errors=outages,
+        open_timeout_s=None if timeout_s is None else OPEN_TIMEOUT_S,
+    )
     await store.open()
     limits = RunnerLimits(
         window=settings.batch_window,

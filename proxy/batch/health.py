@@ -50,7 +50,7 @@ from proxy.batch.store import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BACKOFF_S = 5.0
-PING_TIMEOUT_S = 0.5
+PING_TIMEOUT_S = 0.4
 
 
 class StoreDown(Exception):
@@ -67,7 +67,7 @@ class StoreHealth:
     """Up or down, since when, why; how many outages so far. Pure: the caller gives
     the time."""
 
-    probe_s: float = 0.25
+    probe_s: float = 0.2
     up: bool = True
     since: float = 0.0
     cause: str = ""
@@ -124,9 +124,12 @@ class GuardedStore:
         *,
         timeout_s: float | None,
         outage_errors: tuple[type[BaseException], ...],
-        probe_s: float = 0.25,
+        probe_s: float = 0.2,
+        open_timeout_s: float | None = None,
     ) -> None:
         self.inner = inner
+        self.open_timeout_s = open_timeout_s
+        self.opened = False
         self._now = now
         self.timeout_s = timeout_s
         self.outage_errors = outage_errors
@@ -186,7 +189,11 @@ class GuardedStore:
         return await self._call(call, None)
 
     async def ping(self) -> None:
-        """One probe: the backend's cheapest round trip, under a short deadline."""
+        """One probe: the backend's cheapest round trip, under a short deadline (its
+        opening, if it has not opened yet)."""
+        if not self.opened:
+            await self._open_within(self.open_timeout_s or PING_TIMEOUT_S)
+            return
         deadline = PING_TIMEOUT_S if self.timeout_s is None else min(PING_TIMEOUT_S, self.timeout_s)
         scope = anyio.CancelScope(deadline=anyio.current_time() + deadline)
         try:
@@ -212,12 +219,37 @@ class GuardedStore:
     # -- the store's methods ------------------------------------------------------
 
     async def open(self) -> None:
-        await self.inner.open()
+        """Open the backend. With ``open_timeout_s`` set (PostgreSQL), a store that
+        does not answer within it, or fails as in an outage, leaves the proxy
+        starting all the same with the store down: :meth:`watch` opens it when it
+        answers. Without (SQLite), any failure stops the start."""
+        if self.open_timeout_s is None:
+            await self.inner.open()
+            self.opened = True
+            return
+        try:
+            await self._open_within(self.open_timeout_s)
+        except StoreDown:
+            logger.error("batch store not reachable at start; the proxy starts without it")
+
+    async def _open_within(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s) as scope:
+            try:
+                await self.inner.open()
+            except self.outage_errors as exc:
+                self._down(_describe(exc))
+                raise self.health.error() from exc
+        if scope.cancelled_caught:
+            self._down(f"not open within {timeout_s:g} s")
+            raise self.health.error()
+        self.opened = True
+        self._back()
 
     async def close(self) -> None:
         await self.inner.close()
 
     def spool_path(self) -> Path:
+        self.check()
         return self.inner.spool_path()
 
     async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:

@@ -41,6 +41,7 @@ import anyio.to_thread
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.errors import UniqueViolation
+from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -166,24 +167,37 @@ class PostgresStore:
     def __init__(self, dsn: str, now: Callable[[], float], pool_size: int = 10) -> None:
         self.dsn = dsn
         self._now = now
-        self._pool = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            name="whoseturn-batch",
-            kwargs={"autocommit": True},  # a statement is its own transaction, else
-        )  # conn.transaction() says where one begins and ends
+        self.pool_size = pool_size
+        self._pool = self._new_pool()
         self._spool: Path | None = None
         self._queued: dict[str, list[_Record]] = {}  # records waiting, by job
         self._flushing: dict[str, anyio.Lock] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
+    def _new_pool(self) -> AsyncConnectionPool[AsyncConnection[TupleRow]]:
+        return AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            name="whoseturn-batch",
+            kwargs={"autocommit": True},  # a statement is its own transaction, else
+        )  # conn.transaction() says where one begins and ends
+
     async def open(self) -> None:
-        await self._pool.open(wait=True, timeout=30)
-        async with self._pool.connection() as conn:
-            await _migrate(conn)
+        """Connect and migrate. Failed (or cancelled), the pool is closed and a new
+        one made, so that the next try connects at once rather than after the
+        failed pool's reconnect backoff."""
+        try:
+            await self._pool.open(wait=True, timeout=30)
+            async with self._pool.connection() as conn:
+                await _migrate(conn)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._pool.close(timeout=1)
+            self._pool = self._new_pool()
+            raise
         self._spool = Path(tempfile.mkdtemp(prefix="whoseturn-spool-"))
         logger.info("batch store: PostgreSQL at %s", redacted(self.dsn))
 

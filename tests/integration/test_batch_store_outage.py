@@ -215,3 +215,44 @@ def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) ->
     calls = Tally(r.user for r in RequestLogReader(engine_log).read())
     assert set(calls) == {f"line-{i}" for i in range(LINES)}
     assert [u for u, n in calls.items() if n > 1] == [], calls.most_common(5)
+
+
+@pytest.mark.timeout(120)
+def test_the_proxy_starts_while_the_database_is_down_and_finds_it_later(
+    tmp_path: Path,
+) -> None:
+    """Chat does not need the batch store: a proxy started while PostgreSQL is down
+    serves chat, says the store is down, and opens it once it answers."""
+    with postgres_cluster() as cluster, spawn_sim(time_scale=20.0) as sim:
+        dsn = fresh_database(cluster.dsn())
+        stop(cluster)
+        port = free_port()
+        command = serve_command(
+            tmp_path / "proxy.yaml",
+            port=port,
+            engines=[engine(sim.base_url, "sim-0")],
+            batch_store="postgres",
+            batch_dsn=dsn,
+        )
+        with running(command, stop_signal=signal.SIGTERM, grace_s=20) as process:
+            base = loopback_url(port)
+            began = time.monotonic()
+            wait_until_ok(base + "/healthz", process=process, what="proxy", timeout_s=30)
+            print(f"started in {time.monotonic() - began:.1f} s with the database down")
+            with httpx.Client(base_url=base, timeout=10) as http:
+                chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+                assert http.post("/v1/chat/completions", json=chat).status_code == 200
+                ready = http.get("/readyz")
+                assert ready.status_code == 200
+                assert ready.json()["batch_store"]["up"] is False
+                listed = http.get("/v1/files")
+                assert listed.status_code == 503 and listed.headers["retry-after"]
+                start(cluster)
+                wait(lambda: http.get("/readyz").json()["batch_store"]["up"], 30, "the store")
+                up = http.post(
+                    "/v1/files",
+                    files={"file": ("in.jsonl", job_lines()[:2000])},
+                    data={"purpose": "batch"},
+                )
+                assert up.status_code == 200, up.text
+                assert http.get("/v1/files").json()["data"][0]["id"] == up.json()["id"]

@@ -55,6 +55,9 @@ class Backend:
         if self.mode == "hang":
             await anyio.sleep_forever()
 
+    async def open(self) -> None:
+        await self._act()
+
     async def ping(self) -> None:
         await self._act()
 
@@ -67,19 +70,21 @@ class Backend:
         return {}
 
 
-def guarded(backend: Backend, timeout_s: float | None = 5.0) -> GuardedStore:
-    return GuardedStore(
+async def guarded(backend: Backend, timeout_s: float | None = 5.0) -> GuardedStore:
+    store = GuardedStore(
         backend,  # type: ignore[arg-type]  # the methods a test calls
         time.monotonic,
         timeout_s=timeout_s,
         outage_errors=(sqlite3.OperationalError,),
         probe_s=0.05,
     )
+    await store.open()
+    return store
 
 
 async def test_while_down_calls_fail_at_once_without_reaching_the_store() -> None:
     backend = Backend()
-    store = guarded(backend)
+    store = await guarded(backend)
     backend.mode = "raise"
     with pytest.raises(StoreDown) as first:
         await store.get_batch("b")
@@ -98,7 +103,7 @@ async def test_while_down_calls_fail_at_once_without_reaching_the_store() -> Non
 
 async def test_a_call_waiting_on_a_silent_store_is_let_go_when_the_outage_is_found() -> None:
     backend = Backend()
-    store = guarded(backend, timeout_s=30.0)
+    store = await guarded(backend, timeout_s=30.0)
     backend.mode = "hang"
     waited: list[float] = []
 
@@ -111,7 +116,7 @@ async def test_a_call_waiting_on_a_silent_store_is_let_go_when_the_outage_is_fou
     with anyio.fail_after(5):
         async with anyio.create_task_group() as group:
             group.start_soon(ask)
-            group.start_soon(store.watch)  # its ping (0.5 s deadline) finds the outage
+            group.start_soon(store.watch)  # its ping (0.4 s deadline) finds the outage
             for _ in range(400):
                 if waited:
                     break
@@ -123,7 +128,7 @@ async def test_a_call_waiting_on_a_silent_store_is_let_go_when_the_outage_is_fou
 
 async def test_a_quick_call_past_its_deadline_marks_the_store_down() -> None:
     backend = Backend()
-    store = guarded(backend, timeout_s=0.1)
+    store = await guarded(backend, timeout_s=0.1)
     backend.mode = "hang"
     with anyio.fail_after(5), pytest.raises(StoreDown):
         await store.get_batch("b")
@@ -132,7 +137,7 @@ async def test_a_quick_call_past_its_deadline_marks_the_store_down() -> None:
 
 async def test_the_probe_finds_the_store_again_by_itself() -> None:
     backend = Backend()
-    store = guarded(backend)
+    store = await guarded(backend)
     backend.mode = "raise"
     with pytest.raises(StoreDown):
         await store.get_batch("b")
