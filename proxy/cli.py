@@ -37,6 +37,10 @@ ENV_VARS = (
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S",
     "WHOSETURN_IDLE_TIMEOUT_S",
     "WHOSETURN_DRAIN_TIMEOUT_S",
+    "WHOSETURN_MAX_BODY_BYTES_IN_FLIGHT",
+    "WHOSETURN_HEADER_TIMEOUT_S",
+    "WHOSETURN_BODY_TIMEOUT_S",
+    "WHOSETURN_MAX_INCOMPLETE_CONNECTIONS",
     "WHOSETURN_DNS_INTERVAL_S",
     "WHOSETURN_LEDGER_DSN",
     "WHOSETURN_REPLICA_ID",
@@ -196,6 +200,10 @@ def configure_logging(level: str, tag: str = "") -> None:
     )
     # httpx logs every upstream call at info; keep those for debugging only.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # psycopg's pool warns at every failed reconnect while a database is down; the
+    # proxy logs each outage once, with its cause and its length (proxy.batch.health).
+    for name in ("psycopg", "psycopg.pool"):
+        logging.getLogger(name).setLevel(max(logging.ERROR, logging.getLogger().level))
 
 
 def serve(

@@ -13,9 +13,16 @@ typo stops the proxy at start rather than at the first request. Example file::
       - {key: sk-dash, role: read}                  # reads only: /metrics, /turn, ...
       - {key: sk-pipe, classes: [batch], class_override: false}
     max_body_bytes: 8388608       # larger request bodies are refused with 413
+    max_body_bytes_in_flight: 67108864  # all bodies held at once; beyond: 503, Retry-After
+    header_timeout_s: 10          # a connection must send complete request headers by then
+    body_timeout_s: 30            # the longest wait for the next bytes of a body (then 408)
+    max_incomplete_connections: 1024  # beyond, the oldest incomplete connection is closed
     first_byte_timeout_s: 60      # an engine's answer must begin (headers, first chunk)
     idle_timeout_s: 30            # then no silence longer than this between chunks
     outlier_consecutive_errors: 5 # failed requests in a row that eject an engine
+    health_timeout_s: 5           # a health check must answer within this; 2 failed in a
+                                  # row (unhealthy_after) eject the engine, and requests
+                                  # waiting for its answer go to another
     drain_timeout_s: 30           # on SIGTERM, in-flight requests get this long to finish
     batch_min_share: 0.05         # batch keeps about this share of each engine's prefill
     hold_timeout_s: 10            # a chat in prefill longer than this stops holding batch
@@ -44,6 +51,8 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_GAP_TARGET_S``, ``WHOSETURN_MAX_BODY_BYTES``,
 ``WHOSETURN_FIRST_BYTE_TIMEOUT_S``, ``WHOSETURN_IDLE_TIMEOUT_S``,
 ``WHOSETURN_DRAIN_TIMEOUT_S``, ``WHOSETURN_DNS_INTERVAL_S``,
+``WHOSETURN_MAX_BODY_BYTES_IN_FLIGHT``, ``WHOSETURN_HEADER_TIMEOUT_S``,
+``WHOSETURN_BODY_TIMEOUT_S``, ``WHOSETURN_MAX_INCOMPLETE_CONNECTIONS``,
 ``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_WORKERS``,
 ``WHOSETURN_BATCH_STORE_PATH``,
 ``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
@@ -235,6 +244,11 @@ class Settings:
     health_interval_s: float = 1.0
     scrape_interval_s: float = 1.0
     unhealthy_after: int = 2
+    # A health check not answered 2xx within this fails. With the two above it bounds
+    # how long a request sent to a hung engine waits: the engine is ejected at most
+    # unhealthy_after * (health_interval_s + health_timeout_s) after it stopped, and
+    # requests still waiting for its answer go elsewhere (docs/security.md).
+    health_timeout_s: float = 5.0
     connect_timeout_s: float = 2.0
     decision_log_size: int = 1000
     max_body_bytes: int = 8 * 1024 * 1024
@@ -242,6 +256,11 @@ class Settings:
     idle_timeout_s: float = 30.0
     outlier_consecutive_errors: int = 5
     drain_timeout_s: float = 30.0
+    # Slow clients and large bodies at the proxy's edge (docs/security.md).
+    max_body_bytes_in_flight: int = 64 * 1024 * 1024  # every body held at once
+    header_timeout_s: float = 10.0  # from a connection's opening (or last response)
+    body_timeout_s: float = 30.0  # between two pieces of a body the app waits for
+    max_incomplete_connections: int = 1024  # beyond: the oldest is closed
     # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
     batch_min_share: float = 0.05
     hold_timeout_s: float = 10.0
@@ -267,6 +286,7 @@ class Settings:
     batch_store_path: str = ""
     batch_dsn: str = field(default="", repr=False)
     batch_pool_size: int = 10
+    batch_store_timeout_s: float = 2.0  # a quick store call's deadline (PostgreSQL)
     batch_lease_s: float = 30.0
     batch_max_file_bytes: int = 200_000_000
     batch_max_lines: int = 50_000
@@ -423,6 +443,7 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "health_interval_s and scrape_interval_s must be positive",
     )
     _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
+    _check(settings.health_timeout_s > 0, "health_timeout_s", "must be positive")
     _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
     _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
     _check(settings.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
@@ -432,6 +453,7 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "first_byte_timeout_s and idle_timeout_s must be positive",
     )
     _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+    _check_edge(settings)
     _check(settings.dns_interval_s > 0, "dns_interval_s", "must be positive")
     _check(
         0 < settings.ledger_interval_s < settings.ledger_lease_s,
@@ -449,6 +471,21 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
     _check_batch(settings)
     return settings
+
+
+def _check_edge(settings: Settings) -> None:
+    """The slow-client timeouts, the cap and the budget of bodies in flight."""
+    _check(settings.header_timeout_s > 0, "header_timeout_s", "must be positive")
+    _check(settings.body_timeout_s > 0, "body_timeout_s", "must be positive")
+    _check(
+        settings.max_incomplete_connections >= 1, "max_incomplete_connections", "must be at least 1"
+    )
+    _check(
+        settings.max_body_bytes_in_flight >= settings.max_body_bytes,
+        "max_body_bytes_in_flight",
+        f"must be at least max_body_bytes ({settings.max_body_bytes}), or no body that large "
+        f"could ever be served",
+    )
 
 
 def _check_workers(settings: Settings) -> None:
@@ -480,6 +517,7 @@ def _check_batch(settings: Settings) -> None:
     ):  # fmt: skip
         _check(getattr(settings, key) >= 1, key, "must be at least 1")
     _check(settings.batch_lease_s > 0, "batch_lease_s", "must be positive")
+    _check(settings.batch_store_timeout_s > 0, "batch_store_timeout_s", "must be positive")
     _check(
         settings.batch_store != "postgres" or bool(settings.batch_dsn),
         "batch_dsn",
@@ -497,6 +535,10 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_FIRST_BYTE_TIMEOUT_S": ("first_byte_timeout_s", float),
     "WHOSETURN_IDLE_TIMEOUT_S": ("idle_timeout_s", float),
     "WHOSETURN_DRAIN_TIMEOUT_S": ("drain_timeout_s", float),
+    "WHOSETURN_MAX_BODY_BYTES_IN_FLIGHT": ("max_body_bytes_in_flight", int),
+    "WHOSETURN_HEADER_TIMEOUT_S": ("header_timeout_s", float),
+    "WHOSETURN_BODY_TIMEOUT_S": ("body_timeout_s", float),
+    "WHOSETURN_MAX_INCOMPLETE_CONNECTIONS": ("max_incomplete_connections", int),
     "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
     "WHOSETURN_LEDGER_DSN": ("ledger_dsn", str),
     "WHOSETURN_REPLICA_ID": ("replica_id", str),

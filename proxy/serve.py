@@ -11,6 +11,10 @@ On SIGTERM (or SIGINT):
    with the reason;
 4. the process exits with status 0.
 
+Connections are served by :func:`proxy.api.slow_clients.http_protocol`: uvicorn's
+httptools protocol with a header read timeout and a cap on connections held
+incomplete (``header_timeout_s``, ``max_incomplete_connections``).
+
 With ``workers`` above 1 the process is a parent of that many workers, each one
 proxy that drains as above (:mod:`proxy.workers`).
 """
@@ -28,8 +32,10 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from proxy.api.app import create_app
+from proxy.api.slow_clients import ClientLimits, http_protocol
 from proxy.config import Settings
 from proxy.server import ProxyState
 
@@ -87,6 +93,28 @@ requests per CPU second against 595-776 with the default, and no full collection
 a young collection then takes ~11 ms (docs/overhead.md)."""
 
 
+def server_config(app: ASGIApp, settings: Settings, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's configuration for serving ``app`` under ``settings``: its address, the
+    drain's timeout, and connections under the slow-client limits."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # whole seconds
+        http=http_protocol(client_limits(settings)),
+        ws="none",  # no WebSocket routes: an upgrade is an ordinary request
+    )
+
+
+def client_limits(settings: Settings) -> ClientLimits:
+    """The slow-client limits of the settings (:mod:`proxy.api.slow_clients`)."""
+    return ClientLimits(
+        header_timeout_s=settings.header_timeout_s,
+        max_incomplete=settings.max_incomplete_connections,
+    )
+
+
 def serve(settings: Settings, log_level: str = "info") -> int:
     """Run the proxy until SIGTERM or SIGINT, then drain; the exit status. With
     ``settings.workers`` above 1, as that many worker processes
@@ -112,13 +140,6 @@ def run_server(
         if state is not None:
             begin_drain(state)
 
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level,
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # whole seconds
-    )
-    server = DrainingServer(config, on_drain)
+    server = DrainingServer(server_config(app, settings, log_level), on_drain)
     server.run(sockets=sockets)
     return 0 if server.started else STARTUP_FAILURE

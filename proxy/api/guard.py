@@ -14,11 +14,19 @@
 - turns any exception nobody handled into an OpenAI-shaped 500 that carries the
   request id, logged once with that id and never the body;
 - treats a client that went away while its body was read (``ClientDisconnect``)
-  as the client's business: logged at debug, not as a traceback.
+  as the client's business: logged at debug, not as a traceback;
+- answers 408 (and closes the connection) when no body bytes arrive for
+  ``body_timeout_s`` while the application waits for them (:class:`BodyTimeout`);
+- counts the bytes of every body in flight against ``max_body_bytes_in_flight``
+  (:mod:`proxy.api.inflight`) and refuses a body the budget cannot take with 503 and
+  ``Retry-After`` (:class:`BodiesBusy`): before reading it when ``Content-Length``
+  says so, else as its chunks arrive. Uploads under ``path_limits`` are not counted:
+  their routes stream them to disk.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -28,6 +36,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.errors import APIError
+from proxy.api.inflight import BodyBudget, BodyTicket, MemoryReturn, glibc_malloc_trim
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +106,31 @@ class BodyTooLarge(APIError):
         )
 
 
+class BodyTimeout(APIError):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            408,
+            f"No bytes of the request body arrived for {timeout_s:g} s.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
+
+
+BUSY_RETRY_AFTER_S = 1
+
+
+class BodiesBusy(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            503,
+            f"The proxy holds as many request bodies as it may ({limit} bytes in flight, "
+            f"max_body_bytes_in_flight); retry shortly.",
+            err_type="service_unavailable",
+            code=503,
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
+
+
 def declared_length(scope: Scope) -> int | None:
     """The request's ``Content-Length``, if it gives a readable one."""
     for name, value in scope.get("headers", ()):
@@ -109,14 +143,29 @@ def declared_length(scope: Scope) -> int | None:
 
 
 class Guard:
-    """ASGI middleware; see the module docstring."""
+    """ASGI middleware; see the module docstring. ``body_timeout_s`` None: no body
+    read timeout; ``max_body_bytes_in_flight`` None: bodies in flight not counted."""
 
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, path_limits: Mapping[str, int] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        path_limits: Mapping[str, int] | None = None,
+        body_timeout_s: float | None = None,
+        max_body_bytes_in_flight: int | None = None,
     ) -> None:
         self.app = app
         self.limit = max_body_bytes
         self.path_limits = dict(path_limits or {})
+        self.body_timeout_s = body_timeout_s
+        self.bodies = (
+            None if max_body_bytes_in_flight is None else BodyBudget(max_body_bytes_in_flight)
+        )
+        self.memory = MemoryReturn(
+            collect_after_bytes=max_body_bytes_in_flight or 8 * max_body_bytes,
+            trim=glibc_malloc_trim(),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -129,27 +178,59 @@ class Guard:
         if length is not None and length > limit:
             await _send_error(id_send, BodyTooLarge(limit), {})
             return
+        ticket = self._ticket(scope)
+        if ticket is not None and length and not ticket.cover(length):
+            await _send_error(id_send, BodiesBusy(ticket.budget.limit), {})
+            return
         try:
-            await self.app(scope, self._limited(receive, limit), id_send)
+            await self.app(scope, self._guarded(receive, limit, ticket), id_send)
         except ClientDisconnect:
             logger.debug("client left while sending %s %s", scope["method"], scope["path"])
+        except (BodyTooLarge, BodyTimeout, BodiesBusy) as exc:  # no handler answered it
+            if not id_send.started:
+                await _send_error(id_send, exc, {})
         except Exception:
             await self._failed(scope, id_send, id_send.started)
+        finally:
+            if ticket is not None:
+                held = ticket.reserved
+                ticket.release()
+                self.memory.body_freed(held)
 
-    def _limited(self, receive: Receive, limit: int) -> Receive:
-        """``receive``, raising :class:`BodyTooLarge` once the body passes ``limit``."""
+    def _ticket(self, scope: Scope) -> BodyTicket | None:
+        """The request's reservation in the budget, if its body is counted."""
+        if self.bodies is None or scope["path"] in self.path_limits:
+            return None
+        return self.bodies.ticket()
+
+    def _guarded(self, receive: Receive, limit: int, ticket: BodyTicket | None) -> Receive:
+        """``receive``, raising :class:`BodyTooLarge` once the body passes ``limit``,
+        :class:`BodiesBusy` once the budget cannot take it, and :class:`BodyTimeout`
+        when the next piece of the body takes longer than ``body_timeout_s``."""
         seen = 0
+        complete = False
+        timeout_s = self.body_timeout_s
 
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+        async def guarded() -> Message:
+            nonlocal seen, complete
+            if complete or timeout_s is None:
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTimeout(timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                if ticket is not None and not ticket.cover(seen):
+                    raise BodiesBusy(ticket.budget.limit)
             return message
 
-        return limited
+        return guarded
 
     async def _failed(self, scope: Scope, send: Send, started: bool) -> None:
         rid = request_id(scope)
