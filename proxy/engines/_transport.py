@@ -14,7 +14,10 @@ What it does, as httpcore did for the proxy:
 
 - keep-alive: a connection whose response was read to its end goes back to its
   origin's idle list and is reused (newest first); one closed by the engine
-  meanwhile is dropped when it is picked;
+  meanwhile, or idle longer than :data:`IDLE_EXPIRY_S` (under the engines' own
+  keep-alive timeout, uvicorn's 5 s), is dropped when it is picked; a request sent
+  on a kept connection that the engine closed with no byte of answer (it closed the
+  idle connection as the request arrived) is sent once more on a new connection;
 - a response closed before its end closes its connection at once, so the engine
   sees the disconnect and aborts the request;
 - the request's ``timeout`` extension: ``connect`` (:class:`httpx.ConnectTimeout`),
@@ -48,6 +51,9 @@ LOW_WATER = 1 << 16
 """...and resumes once the reader has taken the backlog below this."""
 MAX_IDLE = 4096
 """Idle keep-alive connections kept per origin; more are closed."""
+IDLE_EXPIRY_S = 4.0
+"""A kept connection idle longer is not used again: vLLM (uvicorn) closes its idle
+connections after 5 s, and a request written as it closes one is lost."""
 
 Origin = tuple[str, int]
 
@@ -56,8 +62,11 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 over plain TCP with keep-alive, for ``http://`` URLs (see the module
     docstring); ``fallback`` takes everything else."""
 
-    def __init__(self, fallback: httpx.AsyncBaseTransport) -> None:
+    def __init__(
+        self, fallback: httpx.AsyncBaseTransport, idle_expiry_s: float = IDLE_EXPIRY_S
+    ) -> None:
         self._fallback = fallback
+        self.idle_expiry_s = idle_expiry_s
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
 
@@ -73,14 +82,16 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:
             body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
         connection = self._idle_connection(origin)
+        if connection is not None:
+            try:
+                await self._exchange(connection, head + body, timeouts, request)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if connection.received:
+                    raise
+                connection = None  # the engine closed it as the request came: once more
         if connection is None:
             connection = await self._connect(origin, timeouts.get("connect"), request)
-        try:
-            await connection.send(head + body, timeouts.get("write"), request)
-            await connection.wait_for_head(timeouts.get("read"), request)
-        except BaseException:
-            connection.close()
-            raise
+            await self._exchange(connection, head + body, timeouts, request)
         stream = _ResponseBody(self, origin, connection, timeouts.get("read"), request)
         return httpx.Response(
             connection.status,
@@ -88,6 +99,21 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
             stream=stream,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
         )
+
+    async def _exchange(
+        self,
+        connection: _Connection,
+        data: bytes,
+        timeouts: dict[str, float | None],
+        request: httpx.Request,
+    ) -> None:
+        """Send the request and wait for the head of its answer (closed on failure)."""
+        try:
+            await connection.send(data, timeouts.get("write"), request)
+            await connection.wait_for_head(timeouts.get("read"), request)
+        except BaseException:
+            connection.close()
+            raise
 
     async def aclose(self) -> None:
         for connection in list(self._open):
@@ -99,7 +125,7 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.usable:
+            if connection.usable and connection.idle_for() < self.idle_expiry_s:
                 return connection
             connection.close()
         return None
@@ -110,6 +136,7 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         idle = self._idle.setdefault(origin, [])
         if connection.reusable and len(idle) < MAX_IDLE:
             connection.reset()
+            connection.idle_since = connection.now()
             idle.append(connection)
         else:
             connection.close()
@@ -146,6 +173,7 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self.closed = False
+        self.idle_since = 0.0
         # why it closed, when not by us nor by the engine's orderly close
         self.error: httpx.TransportError | None = None
         self.reset()
@@ -160,6 +188,13 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
+        self.received = False  # any byte of this response yet
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def idle_for(self) -> float:
+        return self._loop.time() - self.idle_since
 
     # -- state ---------------------------------------------------------------------
 
@@ -242,6 +277,7 @@ class _Connection(asyncio.Protocol):
         self._open.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:

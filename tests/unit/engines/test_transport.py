@@ -250,6 +250,53 @@ async def test_a_kept_connection_the_engine_closed_meanwhile_is_not_used() -> No
     assert server.connections == 2
 
 
+def answer_once_then_drop_the_next() -> Handler:
+    """Keep-alive for one answer; then the next request arrives as the engine closes
+    the idle connection: read, and closed with no byte of answer."""
+
+    async def handler(peer: Peer) -> None:
+        if peer.server.connections == 1:
+            await peer.request()
+            peer.writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await peer.writer.drain()
+            await peer.request()
+            return  # closed without an answer
+        await keep_answering(peer)
+
+    return handler
+
+
+@pytest.mark.anyio
+async def test_a_request_lost_as_the_engine_closes_a_kept_connection_is_sent_again() -> None:
+    async with serving(answer_once_then_drop_the_next()) as server, client() as http:
+        assert (await http.get(server.url + "/health")).content == b"ok"
+        second = await http.post(server.url + "/v1/x", content=b"again")
+        assert second.content == b"hello again"
+    assert server.connections == 2
+    assert [r[2] for r in server.requests] == [b"", b"again", b"again"]
+
+
+@pytest.mark.anyio
+async def test_a_new_connection_closed_without_an_answer_is_not_tried_again() -> None:
+    async with serving(answer_once(b"")) as server, client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(server.url + "/v1/x", content=b"once")
+    assert server.connections == 1
+
+
+@pytest.mark.anyio
+async def test_a_connection_idle_past_the_expiry_is_not_used_again() -> None:
+    async with serving(keep_answering) as server:
+        transport = PlainHTTPTransport(httpx.AsyncHTTPTransport(), idle_expiry_s=0.2)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as http:
+            await http.get(server.url + "/a")
+            await http.get(server.url + "/b")  # reused at once
+            assert server.connections == 1
+            await asyncio.sleep(0.3)
+            await http.get(server.url + "/c")
+    assert server.connections == 2
+
+
 @pytest.mark.anyio
 async def test_a_refused_connection_is_a_connect_error() -> None:
     async with serving(keep_answering) as server:
