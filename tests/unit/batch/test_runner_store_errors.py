@@ -115,9 +115,7 @@ async def test_a_store_raising_once_in_each_method_still_completes_every_job(
     records = Counter("records", "r", ["status"], registry=registry)
     limits = RunnerLimits(window=4, max_attempts=1, backoff_s=0.001, poll_s=0.01, lease_s=0.3)
     engine = Engine()
-    runner = BatchRunner(
-        store, engine.complete, BatchMetrics(registry, records), limits, time.time
-    )
+    runner = BatchRunner(store, engine.complete, BatchMetrics(registry, records), limits, time.time)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as group:
             group.start_soon(store.watch)
@@ -137,9 +135,7 @@ async def test_a_store_raising_once_in_each_method_still_completes_every_job(
         assert batch is not None and (batch.completed, batch.failed) == (30, 0)
         assert batch.output_file_id is not None
         out = flaky.file_path(batch.output_file_id).read_text().splitlines()
-        assert sorted(json.loads(x)["custom_id"] for x in out) == sorted(
-            f"c{i}" for i in range(30)
-        )
+        assert sorted(json.loads(x)["custom_id"] for x in out) == sorted(f"c{i}" for i in range(30))
     # Each line reached the engine once per job: a record that failed was tried
     # again with the answer in hand, not by running the line again.
     assert engine.tries == {f"c{i}": 2 for i in range(30)}
