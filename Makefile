@@ -42,24 +42,24 @@ system-deps:
 	fi
 
 # The overhead benchmark (docs/overhead.md): Debian's nginx is its floor arm, vLLM's
-# router (pinned in loadtests/router-requirements.txt) runs from its own venv.
+# router (pinned in loadtests/bench/router-requirements.txt) runs from its own venv.
 # LEVELS, PROMPT_CHARS: comma-separated concurrent streams and prompt sizes.
 LEVELS ?= 1,64,256,1024
 PROMPT_CHARS ?= 1000
 ROUTER_VENV  := .venv-router
 ROUTER_STAMP := $(ROUTER_VENV)/.installed
 
-$(ROUTER_STAMP): loadtests/router-requirements.txt
+$(ROUTER_STAMP): loadtests/bench/router-requirements.txt
 	rm -rf $(ROUTER_VENV)
 	$(PYTHON) -m venv $(ROUTER_VENV)
-	$(ROUTER_VENV)/bin/pip install --quiet -r loadtests/router-requirements.txt
+	$(ROUTER_VENV)/bin/pip install --quiet -r loadtests/bench/router-requirements.txt
 	touch $@
 
 router-venv: $(ROUTER_STAMP)
 
 bench: $(STAMP) $(ROUTER_STAMP)
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx; }
-	$(BIN)/python -m loadtests.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
+	$(BIN)/python -m loadtests.bench.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
 
 test: $(STAMP) system-deps $(ROUTER_STAMP)
 	$(BIN)/pytest
@@ -120,22 +120,22 @@ test-docker: $(STAMP)
 COMPARE_OUT ?= artifacts/compare
 compare: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
-	  $(BIN)/python -m loadtests.compare --repeats 3 --out $(COMPARE_OUT); status=$$?; \
-	$(BIN)/python -m loadtests.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
+	  $(BIN)/python -m loadtests.compare.arms --repeats 3 --out $(COMPARE_OUT); status=$$?; \
+	$(BIN)/python -m loadtests.compare.fidelity $(COMPARE_OUT)/records.jsonl || status=1; exit $$status
 
 # The first burst beside live chat (fresh engine, fresh proxy) and later bursts, FCFS
 # against the proxy on its defaults; with the engine's threshold flag, pieces per prompt.
 FIRST_BURST_OUT ?= artifacts/first-burst
 first-burst: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
-	  $(BIN)/python -m loadtests.first_burst --repeats 2 --out $(FIRST_BURST_OUT) \
+	  $(BIN)/python -m loadtests.compare.first_burst --repeats 2 --out $(FIRST_BURST_OUT) \
 	  --arms fcfs,proxy_auto,threshold_auto,threshold_off
 
 # The harness against vLLM's own benchmark client on real vLLM (docs/crosscheck.md).
 CROSSCHECK_OUT ?= artifacts/crosscheck-vllm
 crosscheck-vllm: $(STAMP) $(MODEL_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
-	  $(BIN)/python -m loadtests.crosscheck_vllm run loadtests/workloads/crosscheck-vllm.yaml chat \
+	  $(BIN)/python -m loadtests.compare.crosscheck_vllm run loadtests/workloads/crosscheck-vllm.yaml chat \
 	  --requests 30 --out $(CROSSCHECK_OUT)/$$(date +%Y-%m-%d-%H%M%S)
 
 demo: $(STAMP)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from proxy.cli import Parser
+from proxy.help_format import Parser
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -99,7 +99,7 @@ def _add_demo_parser(commands: Commands) -> None:
         "print the side-by-side table and write a report with plots.",
     )
     add_arguments(demo)
-    from loadtests.loadtest import add_arguments as add_loadtest_arguments
+    from loadtests.harness.loadtest import add_arguments as add_loadtest_arguments
 
     loadtest = commands.add_parser(
         "loadtest",
@@ -264,7 +264,7 @@ def _misplaced(args: argparse.Namespace) -> str | None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "loadtest":
-        from loadtests.loadtest import run_loadtest
+        from loadtests.harness.loadtest import run_loadtest
 
         return run_loadtest(args)
     if args.command == "demo":

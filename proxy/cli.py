@@ -17,9 +17,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from proxy.config import DEFAULT_CONFIG_FILE
+from proxy.help_format import Parser
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -72,31 +73,6 @@ The file is --config FILE, else $WHOSETURN_CONFIG, else {DEFAULT_CONFIG_FILE} in
 working directory if there is one (whoseturn.example.yaml in the repository shows
 every setting). Environment: {", ".join(ENV_VARS)} (WHOSETURN_ENGINES: comma-separated
 URLs). --engine replaces the engine list of the file and the environment."""
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default (unless it has none to show) and plain text:
-    no reStructuredText or Markdown backticks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-    def _expand_help(self, action: argparse.Action) -> str:
-        return super()._expand_help(action).replace("`", "")
-
-    def _format_text(self, text: str) -> str:
-        return super()._format_text(text.replace("`", ""))
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose help (and its subcommands' help) uses
-    :class:`HelpFormatter`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> Parser:

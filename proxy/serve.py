@@ -34,10 +34,9 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from proxy.api.app import create_app
 from proxy.api.slow_clients import ClientLimits, http_protocol
 from proxy.config import Settings
-from proxy.server import ProxyState
+from proxy.server import ProxyState, create_app
 
 logger = logging.getLogger(__name__)
 

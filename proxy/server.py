@@ -15,6 +15,10 @@ lifecycle.
 - **shutdown** (:func:`shutdown`): the loops are cancelled and awaited, then the
   HTTP client is closed.
 
+The app (:func:`create_app`) is put together here too: the HTTP edge's routes
+(:mod:`proxy.api.routes`) and the Batch API's (:mod:`proxy.batch.routes`) on one
+FastAPI app whose lifespan is :func:`running`.
+
 Nothing is built at import time; the state lives in one :class:`ProxyState`.
 """
 
@@ -29,16 +33,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import uuid4
 
 import httpx
+from fastapi import FastAPI, Request
+from fastapi.telemetry import TelemetryConfig
 
 from proxy.admission import Admission
+from proxy.api.docs import publish_as_written
 from proxy.api.forward import Forwarder
 from proxy.api.pieces import Piecer
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
-from proxy.batch import BatchAPI, build_batch
+from proxy.api.routes import install_api
+from proxy.batch import BatchAPI, build_batch, install_batch_routes
+from proxy.batch.routes import FORM_SLACK_BYTES
 from proxy.clock import Clock, WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.engines import (
@@ -79,6 +89,11 @@ class ProxyState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     batch: BatchAPI | None = None
     replica: str = ""  # this proxy's name in the ledger (and on /turn)
+
+    def batch_store_health(self, now: float) -> dict[str, Any] | None:
+        """The batch store's health at monotonic time ``now`` (``/readyz``); None
+        while the Batch API is off."""
+        return None if self.batch is None else self.batch.store.health.view(now)
 
 
 async def _engines(settings: Settings, pool: EnginePool) -> list[EngineConfig]:
@@ -319,3 +334,44 @@ async def running(
         yield state
     finally:
         await shutdown(state)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Clock | None = None,
+    resolver: Resolver = resolve_addresses,
+    ledger: Ledger | None = None,
+) -> FastAPI:
+    """The proxy. ``transport`` replaces the upstream network (tests); ``clock`` the
+    wall clock; ``resolver`` the DNS look-ups of engine groups; ``ledger`` the shared
+    budget's store (else PostgreSQL at ``ledger_dsn``, if set). Its lifespan runs
+    :func:`running`, and keeps the state in ``app.state.proxy``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with running(
+            settings, transport=transport, clock=clock, resolver=resolver, ledger=ledger
+        ) as state:
+            app.state.proxy = state
+            yield
+
+    # FastAPI's OpenTelemetry bridge is off: the proxy exports its own Prometheus
+    # metrics, and the bridge asks OpenTelemetry for its providers on every request
+    # (~5 % of a request's CPU, docs/overhead.md).
+    off: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="whoseturn", lifespan=lifespan, telemetry=off)
+    # An upload to the Files API has its own, larger limit (the route checks it too).
+    uploads = {
+        "/v1/files": max(settings.max_body_bytes, settings.batch_max_file_bytes + FORM_SLACK_BYTES)
+    }
+    install_api(app, settings, _state, uploads)
+    install_batch_routes(app, lambda request: _state(request).batch)
+    publish_as_written(app)
+    return app
+
+
+def _state(request: Request) -> ProxyState:
+    state: ProxyState = request.app.state.proxy
+    return state

@@ -1,6 +1,6 @@
 """``whoseturn demo``: the workload ``loadtests/workloads/demo.yaml`` run directly
 against two simulated engines and through the proxy in front of them; the
-side-by-side table and a result directory (:mod:`loadtests.runs`).
+side-by-side table and a result directory (:mod:`loadtests.harness.runs`).
 
 Each arm starts its own processes (:mod:`loadtests.demo.setup`) and stops them after.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.demo.setup import ENGINE_FLAGS, PROXY_SETTINGS, servers
-from loadtests.harness import direct_route, proxy_route
-from loadtests.runs import ArmResult, finish, run_plan
-from loadtests.workload_file import Workload, load_workload
+from loadtests.harness.runs import ArmResult, finish, run_plan
+from loadtests.harness.traffic import direct_route, proxy_route
+from loadtests.harness.workload_file import Workload, load_workload
 
 DEFAULT_OUT = Path("artifacts/demo")
 WORKLOAD = Path(__file__).parent.parent / "workloads" / "demo.yaml"

@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.processes import (
+from loadtests.support.processes import (
     free_port,
     loopback_url,
     running,

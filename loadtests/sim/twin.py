@@ -24,13 +24,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from loadtests.markdown import markdown_table
 from loadtests.sim.drivers import ProxyFront, Recorder, RequestRecord, engine_priority
 from loadtests.sim.profile import StepCost
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.step_loop import SimEngine
 from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
+from loadtests.support.markdown import markdown_table
 from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler import HoldRules, Job, Scheduler, SchedulerSettings, TrafficClass

@@ -22,8 +22,8 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.errors import APIError
 from proxy.config import ApiKey, Settings
+from proxy.openai.errors import APIError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 READ_PATHS = frozenset(

@@ -1,7 +1,7 @@
 """What ``/openapi.json`` says about the proxy's own routes: the request bodies the
-completion routes read (the models of :mod:`proxy.api.body`), their answers, and
+completion routes read (the models of :mod:`proxy.openai.bodies`), their answers, and
 the OpenAI-shaped errors every route may give. The handlers read their bodies
-themselves (strictly, see :mod:`proxy.api.body`), so FastAPI would otherwise
+themselves (strictly, see :mod:`proxy.openai.bodies`), so FastAPI would otherwise
 document none."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from proxy.api.body import ChatCompletionRequest, CompletionRequest
+from proxy.openai.bodies import ChatCompletionRequest, CompletionRequest
 
 Json = dict[str, Any]
 

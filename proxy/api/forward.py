@@ -45,9 +45,8 @@ from proxy.admission import Admitted, Closed
 from proxy.api.aborts import Windows
 from proxy.api.assemble import Assembler
 from proxy.api.disconnect import ClientGone, until_disconnect
-from proxy.api.errors import APIError, engine_failed, engine_unavailable
 from proxy.api.guard import new_request_id, request_id, set_request_id
-from proxy.api.inputs import ChatRequest, check_api_key, read_request
+from proxy.api.inputs import check_api_key, read_request
 from proxy.api.pieces import Final, Piecer
 from proxy.api.relay import Relay, Services, Ticket
 from proxy.api.servable import shutting_down, unservable
@@ -65,6 +64,8 @@ from proxy.engines import (
     UpstreamError,
     map_stream_error,
 )
+from proxy.openai.errors import APIError, engine_failed, engine_unavailable
+from proxy.openai.request import ChatRequest
 from proxy.scheduler import Abort, Job, TrafficClass
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
   gives its path: the Files API's uploads) with 413 before it is read in
   full: at once when ``Content-Length`` says so, else as soon as the bytes
   received pass the limit (the handler reading the body gets
-  :class:`BodyTooLarge`, an :class:`~proxy.api.errors.APIError`);
+  :class:`BodyTooLarge`, an :class:`~proxy.openai.errors.APIError`);
 - gives every request an id and every response an ``X-Request-Id`` header with
   it: the client's own ``X-Request-Id`` if it is sane (:func:`sane_request_id`),
   else a new one. Handlers read it with :func:`request_id` and may replace it
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.api.errors import APIError
 from proxy.api.inflight import BodyBudget, BodyTicket, MemoryReturn, glibc_malloc_trim
+from proxy.openai.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.api.inputs import ChatRequest
 from proxy.engines import EngineHTTPError, EnginePool, UpstreamError
+from proxy.openai.request import ChatRequest
 from proxy.scheduler import TrafficClass
 
 logger = logging.getLogger(__name__)

@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 
 from proxy.admission import Admission, Admitted
-from proxy.api.inputs import ChatRequest
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.clock import Clock
 from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
 from proxy.metrics import ProxyMetrics
+from proxy.openai.request import ChatRequest
 
 Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
 """Where :meth:`Relay.pump` passes the events, one read's (at most :data:`BATCH`) at a

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from proxy.admission import Admission
-from proxy.api.errors import APIError, engine_unavailable, model_not_found
 from proxy.engines import EngineMonitor
+from proxy.openai.errors import APIError, engine_unavailable, model_not_found
 from proxy.scheduler import TrafficClass
 
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from proxy.admission import Admission
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.pieces import PieceChoice
-from proxy.batch.lines import job_line
+from proxy.openai.line_ids import job_line
 from proxy.scheduler import Abort
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import DEFAULT_SPAN_S

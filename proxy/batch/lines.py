@@ -1,7 +1,7 @@
 """Batch lines, pure: an input line checked, a request built from it, and the
 output or error line written for its answer (OpenAI's line shapes).
 
-A line is read as strictly as an interactive body (:mod:`proxy.api.body`): the same
+A line is read as strictly as an interactive body (:mod:`proxy.openai.bodies`): the same
 JSON rules, its ``body`` the same model of the endpoint's request, and no longer
 than ``max_body_bytes``; a line that fails is a :class:`LineError` naming it and
 the field to blame.
@@ -18,9 +18,9 @@ from typing import IO, Any
 
 import jsonschema
 
-from proxy.api.body import BodyError, NotJSON, check_completion, parse_json
-from proxy.api.inputs import ChatRequest, describe
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
+from proxy.openai.bodies import BodyError, NotJSON, check_completion, parse_json
+from proxy.openai.request import ChatRequest, describe
 from proxy.scheduler import TrafficClass
 
 USAGE = ("prompt_tokens", "completion_tokens")
@@ -92,20 +92,6 @@ def check_file(
     if not count:
         raise LineError(0, "The input file has no requests.")
     return count
-
-
-def job_id(batch_id: str, custom_id: str, attempt: int) -> str:
-    """The scheduler's id for a try of a job's line: ``<batch id>/<custom_id>/<try>``."""
-    return f"{batch_id}/{custom_id}/{attempt}"
-
-
-def job_line(job: str) -> tuple[str, str, int] | None:
-    """(batch id, custom_id, try) of an id made by :func:`job_id`, else None."""
-    batch_id, _, rest = job.partition("/")
-    custom_id, _, attempt = rest.rpartition("/")
-    if not batch_id.startswith("batch_") or not custom_id or not attempt.isdigit():
-        return None
-    return batch_id, custom_id, int(attempt)
 
 
 def line_request(body: Json, endpoint: str) -> ChatRequest:

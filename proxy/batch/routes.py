@@ -24,16 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from proxy.api.body import (
-    ID_PATTERN,
-    BodyError,
-    PageQuery,
-    check_batch,
-    check_page,
-    parse_json,
-    window_seconds,
-)
-from proxy.api.errors import APIError, bad_request
 from proxy.api.inputs import check_api_key
 from proxy.batch.health import GuardedStore, StoreDown
 from proxy.batch.lines import check_file
@@ -50,6 +40,16 @@ from proxy.batch.store import (
 )
 from proxy.batch.view import jobs_body
 from proxy.config import Settings
+from proxy.openai.bodies import (
+    ID_PATTERN,
+    BodyError,
+    PageQuery,
+    check_batch,
+    check_page,
+    parse_json,
+    window_seconds,
+)
+from proxy.openai.errors import APIError, bad_request
 
 R = TypeVar("R", FileRecord, BatchRecord)
 FORM_SLACK_BYTES = 64 * 1024  # multipart framing and the other fields
@@ -257,7 +257,7 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
 
 async def _create(api: BatchAPI, body: Json) -> BatchRecord:
     """The job, stored ``validating``: the request checked (the rules and bounds of
-    :class:`proxy.api.body.BatchRequest`), then its input file and every line."""
+    :class:`proxy.openai.bodies.BatchRequest`), then its input file and every line."""
     try:
         asked = check_batch(body)
     except BodyError as exc:

@@ -35,17 +35,9 @@ from typing import TypeVar
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy.api.inputs import ChatRequest
 from proxy.batch.estimate import Estimate, Throughput
 from proxy.batch.health import MAX_BACKOFF_S, StoreDown
-from proxy.batch.lines import (
-    MAX_LINE_BYTES,
-    answered,
-    failed,
-    job_id,
-    line_request,
-    read_lines,
-)
+from proxy.batch.lines import MAX_LINE_BYTES, answered, failed, line_request, read_lines
 from proxy.batch.shapes import line_errors
 from proxy.batch.store import (
     STATUSES,
@@ -56,6 +48,8 @@ from proxy.batch.store import (
     LineResult,
     PendingLine,
 )
+from proxy.openai.line_ids import job_id
+from proxy.openai.request import ChatRequest
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from proxy.api.body import ID_PATTERN, BatchRequest
 from proxy.api.docs import described_errors, inline
+from proxy.openai.bodies import ID_PATTERN, BatchRequest
 
 Json = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""The baseline comparison on real vLLM (``loadtests.compare``), run once, in CI.
+"""The baseline comparison on real vLLM (``loadtests.compare.arms``), run once, in CI.
 
 Four arms, each on its own fresh vLLM server: direct FCFS, direct with engine
 priority, direct with 512-token steps, and through the proxy (``whoseturn serve`` in
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from loadtests.compare import ARMS, render_verdict, run, table
-from loadtests.vllm import READY_TIMEOUT_S, REPO
+from loadtests.compare.arms import ARMS, render_verdict, run, table
+from loadtests.support.vllm import READY_TIMEOUT_S, REPO
 
 from .vllmserver import VllmFleet
 
@@ -51,7 +51,7 @@ def test_the_proxy_beats_every_direct_arm_on_new_chat_latency(
             f"{s['arm']}: the running stream overlapped the batch's prefill in"
             f" {overlapped} of {kept} repetitions: no gap to compare"
         )
-    # Net of the machine's own stops, as the harness's verdict (loadtests.compare).
+    # Net of the machine's own stops, as the harness's verdict (loadtests.compare.arms).
     for column in ("new_chat_ttft_net_p95", "new_chat_done_net_p95"):
         assert by["fcfs"][column] > 5 * proxy[column], column
         assert by["budget512"][column] > 2 * proxy[column], column

@@ -1,5 +1,5 @@
 """The first batch burst beside live chat on real vLLM, its defaults and the proxy's
-(``loadtests.first_burst``, issue #25), run once, in CI.
+(``loadtests.compare.first_burst``, issue #25), run once, in CI.
 
 Each arm on its own fresh vLLM server and, through the proxy, a fresh ``whoseturn
 serve`` with no piecing setting: the first burst after start (nothing learned, caches
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from loadtests.first_burst import (
+from loadtests.compare.first_burst import (
     ARMS,
     BARS,
     THRESHOLD_AUTO,
@@ -27,7 +27,7 @@ from loadtests.first_burst import (
     report,
     run,
 )
-from loadtests.vllm import READY_TIMEOUT_S, REPO
+from loadtests.support.vllm import READY_TIMEOUT_S, REPO
 
 from .vllmserver import VllmFleet
 
@@ -58,7 +58,7 @@ def test_the_first_burst_and_a_second_keep_chat_served_on_the_defaults(
     rows = ratios(bursts(by["proxy_auto"]), bursts(by["fcfs"]))
     assert [r["first"] for r in rows][:1] == [True] and len(rows) >= 2
     assert all(b.errors == 0 for r in results for b in bursts(r)), "every answer whole"
-    # Issue #25's bars (loadtests.first_burst.BARS) are reported by the summary above;
+    # Issue #25's bars (loadtests.compare.first_burst.BARS) are reported by the summary above;
     # on 2026-12-03 (two cores, AVX-512) they were met on both kinds of burst but for
     # the makespan (1.09-1.27x against 1.15x), and now and then the done (up to
     # 0.17x against 0.15x) and a later burst's gap (one stream's worst gap, 0.17-0.35x

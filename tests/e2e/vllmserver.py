@@ -10,7 +10,7 @@ new one stops the least recently used. :meth:`VllmServer.stop` sends ``SIGTERM``
 the server's process group (the API server, its engine core and worker), then
 ``SIGKILL`` after ``STOP_TIMEOUT_S``.
 
-Starting and stopping a server is :mod:`loadtests.vllm`'s (the comparison harness
+Starting and stopping a server is :mod:`loadtests.support.vllm`'s (the comparison harness
 starts servers the same way). :func:`proxy_in_front` serves the proxy in front of
 running servers. Tests talk to the
 servers over HTTP only; nothing here imports vllm or torch.
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.vllm import READY_TIMEOUT_S, REPO, STOP_TIMEOUT_S, VllmProcess, start_vllm
+from loadtests.support.vllm import READY_TIMEOUT_S, REPO, STOP_TIMEOUT_S, VllmProcess, start_vllm
 from tests.integration.proxyserver import ProxyServer, engine, run_proxy
 from tests.support.served import Served
 

@@ -1,6 +1,6 @@
 """The proxy on a real loopback socket, and simulated engines that can be killed.
 
-:func:`run_proxy` serves :func:`proxy.api.app.create_app` in a background thread
+:func:`run_proxy` serves :func:`proxy.server.create_app` in a background thread
 (:func:`tests.support.served.serve_app`); :func:`spawn_sim` runs
 ``whoseturn sim`` as a child process, so that a test can kill an engine the hard
 way (``SIGKILL``: its sockets close under the proxy mid-stream), and
@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from proxy.api.app import create_app
 from proxy.config import Settings, settings_from_dict
 from proxy.engines import Resolver, resolve_addresses
 from proxy.replicas import Ledger
+from proxy.server import create_app
 from tests.support import MODEL
 from tests.support.processes import (
     free_port,

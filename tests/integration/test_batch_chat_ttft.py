@@ -13,7 +13,7 @@ as 9.1 in one CI run): on the loaded 2-core development machine the ratio measur
 with the prefill budget made useless (``min_tokens`` = ``max_tokens`` = 1,000,000,
 so the window's 64 lines all prefill at once ahead of chat). The job must have
 recorded lines meanwhile: keeping chat fast by stopping the job would not count.
-``python -m loadtests.batch_bench --ttft`` is the printed, longer version.
+``python -m loadtests.bench.batch_store --ttft`` is the printed, longer version.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.batch_bench import chat_beside_job
+from loadtests.bench.batch_store import chat_beside_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -15,8 +15,8 @@ import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.app import create_app
 from proxy.config import settings_from_dict
+from proxy.server import create_app
 from tests.support.served import serving
 
 from .proxyserver import PROXY_DEFAULTS, engine

@@ -20,7 +20,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from subprocess import Popen
@@ -32,7 +32,7 @@ import pytest
 from tests.support.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 
 from .proxyserver import Process, engine, spawn_sim
-from .test_batch_crash import LINES, job_lines, wait
+from .test_batch_crash import LINES, job_lines
 
 pytestmark = pytest.mark.integration
 LEASE_S = 2.0
@@ -41,6 +41,13 @@ CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
     $$ BEGIN RAISE EXCEPTION 'the test refuses file chunks'; END $$;
 CREATE TRIGGER refuse BEFORE INSERT ON file_chunks FOR EACH ROW EXECUTE FUNCTION refuse();
 """
+
+
+def wait(predicate: Callable[[], bool], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.005)
 
 
 def status(dsn: str, batch_id: str) -> tuple[str, int]:

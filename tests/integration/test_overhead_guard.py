@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.overhead import Plan, run_arms
+from loadtests.bench.overhead import Plan, run_arms
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

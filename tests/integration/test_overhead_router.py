@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from loadtests.overhead import Plan, run_arms, upstream_server
-from loadtests.overhead_router import router_binary
-from loadtests.processes import loopback_url
+from loadtests.bench.overhead import Plan, run_arms, upstream_server
+from loadtests.bench.overhead_router import router_binary
+from loadtests.support.processes import loopback_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

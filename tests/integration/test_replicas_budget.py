@@ -4,7 +4,7 @@ With the shared ledger (a real PostgreSQL), each engine's batch prompt tokens in
 prefill, as the engine itself counts them, never exceed its budget; without it, two
 replicas break the budget (the reason the ledger exists). A replica killed in the
 middle of the work leaves no budget behind: once its lease runs out, the survivor
-counts none of its tokens. Timing claims live in ``python -m loadtests.replicas``.
+counts none of its tokens. Timing claims live in ``python -m loadtests.bench.replicas``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtests.replicas import Plan, Server, engine_peaks, engines, proxies, run_load
+from loadtests.bench.replicas import Plan, Server, engine_peaks, engines, proxies, run_load
 from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

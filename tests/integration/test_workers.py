@@ -18,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 
-from loadtests.overhead import children
+from loadtests.bench.overhead import children
 from tests.integration.proxyserver import PROXY_DEFAULTS, engine
 from tests.integration.simserver import SimServer
 from tests.support import MODEL

@@ -3,7 +3,7 @@ on loopback sockets (:mod:`.served`), polling (:mod:`.polling`), SSE lines and r
 requests (:mod:`.http`), Prometheus samples (:mod:`.metrics`, over the bench's reader).
 
 The harness's own launchers cannot import ``tests/``, so the process and port helpers
-live in :mod:`loadtests.processes` and :mod:`.processes` re-exports them.
+live in :mod:`loadtests.support.processes` and :mod:`.processes` re-exports them.
 """
 
 MODEL = "tiny"

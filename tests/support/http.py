@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.processes import LOOPBACK
+from loadtests.support.processes import LOOPBACK
 
 
 def data_lines(response: httpx.Response) -> Iterator[str]:

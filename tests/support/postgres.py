@@ -1,4 +1,4 @@
-"""A real PostgreSQL for the tests: see :mod:`loadtests.postgres` (re-exported here).
+"""A real PostgreSQL for the tests: see :mod:`loadtests.support.postgres` (re-exported here).
 
 ``postgres_cluster()`` starts a throwaway cluster (as the ``postgres`` user when run
 as root) and stops it after; ``fresh_database(dsn)`` makes an empty database on it.
@@ -8,7 +8,7 @@ The session fixture ``postgres_dsn`` and the per-test ``postgres_db`` live in
 
 from __future__ import annotations
 
-from loadtests.postgres import (
+from loadtests.support.postgres import (
     Cluster,
     bin_dir,
     fresh_database,

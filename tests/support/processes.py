@@ -1,6 +1,6 @@
 """Child processes on loopback ports: ``whoseturn`` servers, Prometheus, with logs.
 
-The port and process helpers are :mod:`loadtests.processes`' (re-exported here);
+The port and process helpers are :mod:`loadtests.support.processes`' (re-exported here);
 this adds what only the tests need: a closed port, the simulated engine's command
 line, and a child whose output is kept in a log file that a failure can quote.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-from loadtests.processes import (
+from loadtests.support.processes import (
     LOOPBACK,
     free_port,
     loopback_url,

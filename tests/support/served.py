@@ -21,7 +21,7 @@ import openai
 import uvicorn
 
 from loadtests.engine_io.metrics import LabelledSamples, labelled_samples
-from loadtests.processes import LOOPBACK
+from loadtests.support.processes import LOOPBACK
 from tests.support.metrics import metric_sum
 from tests.support.polling import wait_for
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.arrivals import gamma_times, poisson_times, trace_times
+from loadtests.harness.arrivals import gamma_times, poisson_times, trace_times
 
 
 def _gaps(times: list[float]) -> list[float]:

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVE_PATH = """
 import sys
 import proxy.cli
-from proxy.api.app import create_app
+from proxy.server import create_app
 from proxy.config import settings_from_dict
 try:
     proxy.cli.build_parser().parse_args(["serve", "--help"])

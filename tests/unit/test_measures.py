@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from loadtests.client import Record
-from loadtests.measures import answer_mismatches, gaps, pct, summarize, tpot, valid_per_hour
+from loadtests.harness.client import Record
+from loadtests.harness.measures import answer_mismatches, gaps, pct, summarize, tpot, valid_per_hour
 
 
 def _record(

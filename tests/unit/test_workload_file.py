@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.harness import body, direct_route, proxy_route, send_times
-from loadtests.workload_file import WorkloadError, load_workload, narrowed, parse_workload
+from loadtests.harness.traffic import body, direct_route, proxy_route, send_times
+from loadtests.harness.workload_file import WorkloadError, load_workload, narrowed, parse_workload
 
 WORKLOADS = Path(__file__).parents[2] / "loadtests" / "workloads"
 

@@ -12,9 +12,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from proxy.api.app import create_app
 from proxy.config import EngineConfig, Settings
-from proxy.server import ProxyState
+from proxy.server import ProxyState, create_app
 
 Json = dict[str, Any]
 CHAT = "/v1/chat/completions"

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.types import Message
 
-from proxy.api.app import create_app
-from proxy.api.body import BodyError, check_completion, parse_json
-from proxy.api.inputs import affinity_key, prompt_text, upstream_body
+from proxy.openai.bodies import BodyError, check_completion, parse_json
+from proxy.openai.request import affinity_key, prompt_text, upstream_body
+from proxy.server import create_app
 
 from .helpers import CHAT, COMPLETIONS, MESSAGES, FakeEngines, running
 

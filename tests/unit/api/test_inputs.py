@@ -9,21 +9,11 @@ import pytest
 from fastapi import Request
 from starlette.types import Message
 
-from proxy.api.errors import APIError
-from proxy.api.inputs import (
-    CLASS_HEADER,
-    StreamWish,
-    affinity_key,
-    api_key,
-    check_api_key,
-    prompt_text,
-    read_json,
-    stream_wish,
-    traffic_class,
-    upstream_body,
-)
+from proxy.api.inputs import CLASS_HEADER, api_key, check_api_key, read_json, traffic_class
 from proxy.api.prompts import TokenEstimator
 from proxy.config import EngineConfig, Settings
+from proxy.openai.errors import APIError
+from proxy.openai.request import StreamWish, affinity_key, prompt_text, stream_wish, upstream_body
 from proxy.scheduler import TrafficClass
 
 I, B = TrafficClass.INTERACTIVE, TrafficClass.BATCH  # noqa: E741 - read as class names

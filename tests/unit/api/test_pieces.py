@@ -13,11 +13,10 @@ import anyio
 import httpx
 import pytest
 
-from proxy.api.app import create_app
 from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig, Settings
 from proxy.scheduler import TrafficClass
-from proxy.server import ProxyState
+from proxy.server import ProxyState, create_app
 from tests.support.polling import wait_until
 
 from .helpers import (

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.api.inputs import ChatRequest, StreamWish
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.engines import EnginePool
+from proxy.openai.request import ChatRequest, StreamWish
 from proxy.scheduler import TrafficClass
 
 from .helpers import FakeEngines

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.api.body import (
+from proxy.openai.bodies import (
     INT64_MAX,
     INT64_MIN,
     MAX_WINDOW_S,

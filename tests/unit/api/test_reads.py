@@ -9,10 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.api.app import create_app
 from proxy.clock import VirtualClock
 from proxy.scheduler import Job, Phase, TrafficClass
-from proxy.server import ProxyState, build, shutdown
+from proxy.server import ProxyState, build, create_app, shutdown
 
 from .helpers import FakeEngines
 

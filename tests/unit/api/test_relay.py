@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from proxy.admission import Admission, Admitted
-from proxy.api.inputs import ChatRequest, StreamWish
 from proxy.api.prompts import PromptCount, PromptCounter
 from proxy.api.relay import BATCH, Relay, Services, Ticket
 from proxy.api.sse import SSEEvent
@@ -18,6 +17,7 @@ from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
 from proxy.engines import EnginePool
 from proxy.metrics import ProxyMetrics
+from proxy.openai.request import ChatRequest, StreamWish
 from proxy.scheduler import Job, Scheduler, TrafficClass
 
 from .helpers import completion_events

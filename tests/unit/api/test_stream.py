@@ -16,8 +16,7 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from proxy.api.app import create_app
-from proxy.server import ProxyState
+from proxy.server import ProxyState, create_app
 
 from .helpers import CHAT, DONE, MESSAGES, Call, FakeEngines, chat_events
 

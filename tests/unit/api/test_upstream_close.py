@@ -20,7 +20,7 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from proxy.api.app import create_app
+from proxy.server import create_app
 
 from .helpers import COMPLETIONS, Call, FakeEngines
 

@@ -14,11 +14,12 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.api.inputs import ChatRequest
-from proxy.batch.lines import job_id, job_line, read_lines
+from proxy.batch.lines import read_lines
 from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
+from proxy.openai.line_ids import job_id, job_line
+from proxy.openai.request import ChatRequest
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"

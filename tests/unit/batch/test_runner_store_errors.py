@@ -20,13 +20,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.api.inputs import ChatRequest
 from proxy.batch.health import GuardedStore, StoreDown
 from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
 from proxy.clock import WallClock
 from proxy.config import EngineConfig, Settings
+from proxy.openai.request import ChatRequest
 from proxy.server import build, shutdown
 from tests.unit.batch.test_runner import CHAT, OK, jsonl
 

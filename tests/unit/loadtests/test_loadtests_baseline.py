@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtests.baseline import Prompts, Workload, run_once
-from loadtests.client import Record
-from loadtests.compare import Repetition, _rerun_reason
-from loadtests.corpus import Prompt
+from loadtests.compare.arms import Repetition, _rerun_reason
+from loadtests.compare.baseline import Prompts, Workload, run_once
+from loadtests.harness.client import Record
+from loadtests.harness.corpus import Prompt
 
 Json = dict[str, Any]
 WORKLOAD = Workload(
@@ -126,7 +126,7 @@ def test_a_repetition_is_run_again_for_a_stop_or_for_missing_evidence() -> None:
 
 
 def test_the_replay_takes_a_closed_streams_prompt_as_sent_and_its_answer_as_received() -> None:
-    from loadtests.fidelity import _answer_tokens, _prompt_tokens
+    from loadtests.compare.fidelity import _answer_tokens, _prompt_tokens
 
     closed = {"prompt_tokens": None, "prompt_tokens_sent": 61, "max_tokens": 4000,
               "closed_at": 5.0, "token_times": [0.1] * 730}  # fmt: skip

@@ -1,4 +1,4 @@
-"""TTFT by prompt length (loadtests.buckets): the bucket edges, the figures per
+"""TTFT by prompt length (loadtests.harness.buckets): the bucket edges, the figures per
 bucket over a run's measured window, and their table in the report."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from loadtests.buckets import bucket, by_length
-from loadtests.client import Record
-from loadtests.measures import Window
-from loadtests.report_sections import length_lines
+from loadtests.harness.buckets import bucket, by_length
+from loadtests.harness.client import Record
+from loadtests.harness.measures import Window
+from loadtests.harness.report_sections import length_lines
 
 
 @pytest.mark.parametrize(

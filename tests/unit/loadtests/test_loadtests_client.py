@@ -1,4 +1,4 @@
-"""The load-test client (loadtests.client): what a record says about one request, the
+"""The load-test client (loadtests.harness.client): what a record says about one request, the
 parsing of vLLM-shaped stream chunks, and a whole streamed answer through
 ``httpx.MockTransport``."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtests.client import Record, _event, stream
+from loadtests.harness.client import Record, _event, stream
 
 Json = dict[str, Any]
 URL = "http://engine/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""The comparison's reporting (loadtests.compare): nearest-rank quantiles, one arm's
+"""The comparison's reporting (loadtests.compare.arms): nearest-rank quantiles, one arm's
 summary from its warm repetitions only (with the running stream's gaps net of the
 machine's stops), the bar of issue #5, the table, and a run written out and read back."""
 
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from loadtests.client import Record
-from loadtests.compare import (
+from loadtests.compare.arms import (
     ARMS,
     ArmResult,
     Check,
@@ -25,6 +24,7 @@ from loadtests.compare import (
     verdict,
     write_records,
 )
+from loadtests.harness.client import Record
 
 Json = dict[str, Any]
 ARM = {a.key: a for a in ARMS}

@@ -1,4 +1,4 @@
-"""The comparison's extra arms and workloads (loadtests.compare): each proxy arm's
+"""The comparison's extra arms and workloads (loadtests.compare.arms): each proxy arm's
 settings reach the proxy's configuration, and the small-documents workload sizes
 every batch prompt to its own length."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from loadtests.baseline import Workload, prepare
-from loadtests.compare import ALL_ARMS, WORKLOADS, proxy_config
-from loadtests.corpus import Tokenizer
+from loadtests.compare.arms import ALL_ARMS, WORKLOADS, proxy_config
+from loadtests.compare.baseline import Workload, prepare
+from loadtests.harness.corpus import Tokenizer
 from proxy.config import Settings, settings_from_dict
 
 ARM = {a.key: a for a in ALL_ARMS}

@@ -1,4 +1,4 @@
-"""The load tests' prompts (loadtests.corpus): passages of Python's own documentation,
+"""The load tests' prompts (loadtests.harness.corpus): passages of Python's own documentation,
 wrapping around its end, and prompts cut to a size in the engine's tokens (here a
 fake engine's ``/tokenize`` behind ``httpx.MockTransport``)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from loadtests.corpus import Prompt, Tokenizer, corpus, passage, sized_prompt
+from loadtests.harness.corpus import Prompt, Tokenizer, corpus, passage, sized_prompt
 
 TEXT = corpus()
 
@@ -39,7 +39,7 @@ def test_a_passage_that_runs_off_the_end_goes_on_from_the_start() -> None:
 # (left, chars): ``chars`` characters from ``left`` characters before the end. Not
 # listed: chars == left + 1, where passage returns nearly the whole corpus (the rest
 # after the end is one character, and ``text[: 1 - 2]`` is all but its last) -- a
-# bug in loadtests.corpus.passage, not fixed yet.
+# bug in loadtests.harness.corpus.passage, not fixed yet.
 @pytest.mark.parametrize(
     ("left", "chars"),
     [(100, 10), (100, 100), (100, 1000), (3, 3), (3, 5), (3, 6), (3, 1000), (1, 1), (1, 3)],

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.corpus import CORPUS_DIR, SETS, as_prompt, manifest_problems, messages, set_files
+from loadtests.harness.corpus import (
+    CORPUS_DIR,
+    SETS,
+    as_prompt,
+    manifest_problems,
+    messages,
+    set_files,
+)
 
 
 def test_every_corpus_file_is_listed_with_its_source_licence_and_hash() -> None:

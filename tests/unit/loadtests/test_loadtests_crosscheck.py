@@ -1,5 +1,5 @@
-"""The cross-check against GuideLLM (loadtests.crosscheck): the prompts file it reads,
-the figures read from its JSON report, the differences in percent."""
+"""The cross-check against GuideLLM (loadtests.compare.crosscheck_guidellm): the prompts
+file it reads, the figures read from its JSON report, the differences in percent."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.crosscheck import differences, guidellm_ttft, harness_ttft, main
+from loadtests.compare.crosscheck_guidellm import differences, guidellm_ttft, harness_ttft, main
 
 WORKLOAD = Path(__file__).parents[3] / "loadtests" / "workloads" / "crosscheck.yaml"
 
 
 def test_prompts_are_the_harness_requests(tmp_path: Path) -> None:
-    from loadtests.harness import body
-    from loadtests.workload_file import load_workload
+    from loadtests.harness.traffic import body
+    from loadtests.harness.workload_file import load_workload
 
     out = tmp_path / "p.jsonl"
     assert main(["prompts", str(WORKLOAD), "chat", "5", str(out)]) == 0

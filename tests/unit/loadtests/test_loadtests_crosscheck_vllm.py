@@ -1,4 +1,4 @@
-"""The cross-check against vllm bench serve (loadtests.crosscheck_vllm): the dataset it
+"""The cross-check against vllm bench serve (loadtests.compare.crosscheck_vllm): the dataset it
 reads, its command, its send times replayed by the harness, the figures read from its
 result JSON and the table. No network, no vLLM."""
 
@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests import harness
-from loadtests.crosscheck_vllm import (
+from loadtests.compare.crosscheck_vllm import (
     bench_argv,
     bench_env,
     bench_figures,
@@ -25,7 +24,8 @@ from loadtests.crosscheck_vllm import (
     traffic_class,
     write_dataset,
 )
-from loadtests.workload_file import Arrival, load_workload, parse_workload
+from loadtests.harness import traffic
+from loadtests.harness.workload_file import Arrival, load_workload, parse_workload
 
 WORKLOAD = Path(__file__).parents[3] / "loadtests" / "workloads" / "crosscheck-vllm.yaml"
 
@@ -36,7 +36,7 @@ def test_dataset_is_the_harness_requests(tmp_path: Path) -> None:
     out = tmp_path / "d.jsonl"
     write_dataset(workload, cls, 5, out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    sent = [harness.body(workload, cls, i)["messages"] for i in range(5)]
+    sent = [traffic.body(workload, cls, i)["messages"] for i in range(5)]
     assert [[{"role": "user", "content": r["prompt"]}] for r in rows] == sent
     assert {r["output_tokens"] for r in rows} == {32}
     assert len({r["prompt"] for r in rows}) == 5
@@ -100,11 +100,11 @@ def test_the_harness_replays_the_send_times(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(yaml.safe_dump(derived))
     workload = load_workload(tmp_path / "w.yaml")
     (cls,) = workload.classes
-    assert harness.send_times(workload, cls) == [0.0, 0.5, 1.25]
+    assert traffic.send_times(workload, cls) == [0.0, 0.5, 1.25]
     assert workload.plan.duration_s == 2.25 and workload.plan.warmup_s == 0
     assert [a.name for a in workload.arms] == ["direct"]
     assert workload.engines == load_workload(WORKLOAD).engines
-    assert harness.body(workload, cls, 3) == harness.body(load_workload(WORKLOAD), cls, 3)
+    assert traffic.body(workload, cls, 3) == traffic.body(load_workload(WORKLOAD), cls, 3)
 
 
 @pytest.mark.parametrize(

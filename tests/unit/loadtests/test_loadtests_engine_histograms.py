@@ -1,5 +1,5 @@
 """The engines' queue and prefill histograms reduced per phase
-(loadtests.engine_histograms): hand-written scrapes with known deltas, two label
+(loadtests.harness.engine_histograms): hand-written scrapes with known deltas, two label
 sets summed, interpolated quantiles, a restarted engine, a server without them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.engine_histograms import (
+from loadtests.harness.engine_histograms import (
     Span,
     engine_view,
     histograms,
@@ -17,7 +17,7 @@ from loadtests.engine_histograms import (
     quantile,
     read_scrapes,
 )
-from loadtests.report_sections import engine_lines
+from loadtests.harness.report_sections import engine_lines
 
 BOUNDS = ("0.1", "0.5", "1.0", "+Inf")
 

@@ -1,6 +1,6 @@
-"""Engines the harness starts (loadtests.engines): startup facts read from flags, a
-vLLM log and /metrics; the watch's arithmetic (loadtests.watch): peaks and energy;
-the Batch API class's counting (loadtests.harness, loadtests.measures)."""
+"""Engines the harness starts (loadtests.harness.engines): startup facts read from flags, a
+vLLM log and /metrics; the watch's arithmetic (loadtests.harness.watch): peaks and energy;
+the Batch API class's counting (loadtests.harness.traffic, loadtests.harness.measures)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.engines import engine_argv, startup_facts
-from loadtests.harness import Job, count_output
-from loadtests.measures import ClassSummary, judge, summarize_jobs
-from loadtests.watch import ProcessView, energy_joules, gpu_sample, peaks
-from loadtests.workload_file import Bar
+from loadtests.harness.engines import engine_argv, startup_facts
+from loadtests.harness.measures import ClassSummary, judge, summarize_jobs
+from loadtests.harness.traffic import Job, count_output
+from loadtests.harness.watch import ProcessView, energy_joules, gpu_sample, peaks
+from loadtests.harness.workload_file import Bar
 
 VLLM_LOG = """\
 (APIServer pid=1) INFO [api_utils.py:286] non-default args: {'host': '127.0.0.1', \

@@ -1,4 +1,4 @@
-"""The simulator's fidelity check (loadtests.fidelity): each comparison arm's engine
+"""The simulator's fidelity check (loadtests.compare.fidelity): each comparison arm's engine
 flags, the replay of a run's warm repetitions, and the error of simulated against real
 time to first token."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loadtests.fidelity import BAR, Row, arm_for, compare, read_records, table
+from loadtests.compare.fidelity import BAR, Row, arm_for, compare, read_records, table
 from loadtests.sim.profile import load_profile
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.replay import ScriptedRequest, replay

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.overhead import ARMS, Plan, _router_arm, parse_arms
-from loadtests.overhead_router import router_binary, router_command, router_warnings
+from loadtests.bench.overhead import ARMS, Plan, _router_arm, parse_arms
+from loadtests.bench.overhead_router import router_binary, router_command, router_warnings
 
 
 def test_arms_keep_the_order_given() -> None:

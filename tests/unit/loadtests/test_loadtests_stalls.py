@@ -1,7 +1,7 @@
-"""The machine's stops set against a repetition (loadtests.stalls.StallWatch.between
-and spans_between) and against one interval (loadtests.stalls.overlaps and
-stopped_within), and an arm's stops against its phases (loadtests.stalls.attribute,
-loadtests.runs), on hand-filled lists: no child process is started."""
+"""The machine's stops set against a repetition (loadtests.harness.stalls.StallWatch.between
+and spans_between) and against one interval (loadtests.harness.stalls.overlaps and
+stopped_within), and an arm's stops against its phases (loadtests.harness.stalls.attribute,
+loadtests.harness.runs), on hand-filled lists: no child process is started."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.harness import ArmRun
-from loadtests.report_sections import disturbed_lines, stall_lines
-from loadtests.runs import ArmResult, disturbed_figures
-from loadtests.stalls import OUTSIDE, Phase, StallWatch, attribute, overlaps, stopped_within
-from loadtests.workload_file import load_workload
+from loadtests.harness.report_sections import disturbed_lines, stall_lines
+from loadtests.harness.runs import ArmResult, disturbed_figures
+from loadtests.harness.stalls import OUTSIDE, Phase, StallWatch, attribute, overlaps, stopped_within
+from loadtests.harness.traffic import ArmRun
+from loadtests.harness.workload_file import load_workload
 
 
 def watch(*stalls: tuple[float, float]) -> StallWatch:

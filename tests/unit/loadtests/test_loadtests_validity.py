@@ -1,4 +1,4 @@
-"""Validity by JSON schema (loadtests.validity): the corpus's own extraction schemas
+"""Validity by JSON schema (loadtests.harness.validity): the corpus's own extraction schemas
 against hand-written answers, the narrow reading of an answer as JSON, and the same
 judgement on a streamed record and on a Batch API output line."""
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from loadtests.client import Record
-from loadtests.corpus import answer_schema, messages
-from loadtests.harness import count_output
-from loadtests.measures import summarize
-from loadtests.validity import answer_json, assess, follows
+from loadtests.harness.client import Record
+from loadtests.harness.corpus import answer_schema, messages
+from loadtests.harness.measures import summarize
+from loadtests.harness.traffic import count_output
+from loadtests.harness.validity import answer_json, assess, follows
 
 MIT = {
     "licence": "MIT License",

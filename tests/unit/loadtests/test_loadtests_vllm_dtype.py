@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.engines import engine_argv
-from loadtests.vllm import cpu_dtype
+from loadtests.harness.engines import engine_argv
+from loadtests.support.vllm import cpu_dtype
 
 
 def _cpuinfo(tmp_path: Path, flags: str) -> Path:

@@ -1,0 +1,233 @@
+"""``whoseturn loadtest WORKLOAD.yaml [--target URL] [--direct URL ...]``: a workload
+file's plan against a running proxy and, if given, directly against its engines (the
+same workload, one variable changed); the side-by-side table and a result directory
+(:mod:`loadtests.harness.runs`). When the workload file names its engines (``engines:``), the
+harness starts them itself, fresh for each arm of its ``arms`` (and the proxy in
+front of them for the proxy arm), and stops them after (:mod:`loadtests.harness.engines`).
+
+The target is a whoseturn proxy: a ``chat`` route goes to its ``/v1``, a ``batch``
+route to its ``/batch/v1``, and its ``GET /turn`` is sampled for the timeline. Direct
+URLs are engines (vLLM or ``whoseturn sim``), taken in turn for every class. The
+direct arm runs first. With ``--target``, nothing is started or stopped: the servers
+are the caller's, so the launch commands in ``result.json`` are what the caller says
+with ``--setup-note``. Either way the servers on this machine are watched during the
+run (:mod:`loadtests.harness.watch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadtests.harness.engines import started
+from loadtests.harness.runs import ArmResult, finish, run_plan
+from loadtests.harness.traffic import direct_route, proxy_route
+from loadtests.harness.workload_file import Workload, WorkloadError, load_workload, narrowed
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFAULT_OUT = Path("artifacts/loadtest")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``whoseturn loadtest``'s arguments."""
+    parser.add_argument("workload", type=Path, metavar="WORKLOAD.yaml", help="workload file")
+    parser.add_argument(
+        "--target",
+        metavar="URL",
+        help="the proxy's base URL (not with a workload that names its engines)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an engine's base URL for the direct arm (repeat for several)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="results go to OUT/<name>-<date-time>/"
+    )
+    parser.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="run only these of the file's arms (bars that judge another arm are left out)",
+    )
+    parser.add_argument(
+        "--warm-runs", type=int, metavar="N", help="warm runs per arm (default: the file's)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the workload file and print what would run (arms, commands, bars)",
+    )
+    parser.add_argument(
+        "--setup-note",
+        default="",
+        metavar="TEXT",
+        help="how the servers were launched, kept in result.json",
+    )
+    parser.add_argument(
+        "--reasoning",
+        default="",
+        metavar="TEXT",
+        help="why this run, what it should show; kept in result.json",
+    )
+
+
+def run_loadtest(args: argparse.Namespace) -> int:
+    """Run the workload's plan on each arm and write the result; 0, or 2 for a bad
+    workload file (the message names the key)."""
+    try:
+        workload = load_workload(args.workload)
+        only = args.arms.split(",") if args.arms else None
+        workload, left_out = narrowed(workload, only, args.warm_runs)
+    except WorkloadError as exc:
+        print(f"whoseturn: error: {exc}", file=sys.stderr)
+        return 2
+    for bar in left_out:
+        of = bar.arm or " / ".join(bar.ratio)
+        print(f"whoseturn: bar {bar.figure} ({of}) left out: its arm is not run", file=sys.stderr)
+    if args.dry_run:
+        print(dry_run(workload))
+        return 0
+    if workload.engines is not None and (args.target or args.direct):
+        print(
+            f"whoseturn: error: {args.workload} names its engines (engines:): the harness "
+            "starts them; give no --target or --direct",
+            file=sys.stderr,
+        )
+        return 2
+    if workload.engines is None and not args.target:
+        print(
+            f"whoseturn: error: {args.workload} names no engines: --target URL is needed",
+            file=sys.stderr,
+        )
+        return 2
+    out = args.out / f"{workload.name}-{dt.datetime.now().strftime('%Y-%m-%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    from rich.console import Console  # the bench's commands parse without rich
+
+    console = Console()
+    if workload.engines is not None:
+        return _run_started(args, workload, out, console)
+    target = args.target.rstrip("/")
+    arms: dict[str, ArmResult] = {}
+    if args.direct:
+        engines = [url.rstrip("/") for url in args.direct]
+        arms["direct"] = asyncio.run(
+            run_plan(
+                workload,
+                direct_route(engines),
+                arm="direct",
+                proxy=None,
+                out=out,
+                console=console,
+                servers=_names(engines),
+            )
+        )
+    arms["proxy"] = asyncio.run(
+        run_plan(
+            workload,
+            proxy_route(target),
+            arm="proxy",
+            proxy=target,
+            out=out,
+            console=console,
+            servers={"proxy": target, **_names([u.rstrip("/") for u in args.direct])},
+        )
+    )
+    setup = {"target": target, "direct": args.direct, "launch": args.setup_note or None}
+    intro = f"Workload `{args.workload}` against the proxy at {target}" + (
+        f" and directly against {', '.join(args.direct)}." if args.direct else "."
+    )
+    reasoning = args.reasoning or "not given (--reasoning)"
+    finish(out, workload, arms, setup=setup, reasoning=reasoning, intro=intro)
+    return 0
+
+
+def _names(urls: list[str]) -> dict[str, str]:
+    return {f"engine-{n}": url for n, url in enumerate(urls)}
+
+
+def _run_started(args: argparse.Namespace, workload: Workload, out: Path, console: Console) -> int:
+    """Each arm of the workload on engines the harness starts (and its proxy)."""
+    arms: dict[str, ArmResult] = {}
+    assert workload.engines is not None
+    for spec in workload.arms:
+        console.print(f"{spec.name}: starting {workload.engines.count} engine(s)")
+        with started(out, spec, workload) as s:
+            engines = [e.url for e in s.engines]
+            proxy = s.proxy.url if s.proxy else None
+            route = proxy_route(proxy) if proxy else direct_route(engines)
+            result = asyncio.run(
+                run_plan(
+                    workload,
+                    route,
+                    arm=spec.name,
+                    proxy=proxy,
+                    out=out,
+                    console=console,
+                    servers={srv.name: srv.url for srv in s.servers()},
+                    priority=spec.priority,
+                )
+            )
+            result.started = [srv.to_json() for srv in s.servers()]
+            arms[spec.name] = result
+    setup = {
+        "engines": workload.engines.command,
+        "engine_count": workload.engines.count,
+        "proxy_settings": workload.proxy_settings,
+        "launch": "started by the harness (setup.started has every command)",
+    }
+    intro = (
+        f"Workload `{args.workload}` on {workload.engines.count} engine(s) the harness "
+        f"started fresh for each arm ({', '.join(a.name for a in workload.arms)}): "
+        f"`{workload.engines.command}`."
+    )
+    finish(
+        out,
+        workload,
+        arms,
+        setup=setup,
+        reasoning=args.reasoning or "not given (--reasoning)",
+        intro=intro,
+    )
+    return 0
+
+
+def dry_run(workload: Workload) -> str:
+    """What a run of ``workload`` would do: its classes, its arms with the commands
+    that would start their servers, its bars. Nothing is started."""
+    from loadtests.harness.engines import engine_argv
+
+    plan = workload.plan
+    lines = [
+        f"workload {workload.name}: {'a cold run, then ' if plan.cold else ''}"
+        f"{plan.warm_runs} warm run(s) of {plan.duration_s:g} s per arm",
+        *(
+            f"  class {c.name}: route {c.route}, {c.arrival.process} arrivals, "
+            f"prompts from {c.prompt_source}, {c.max_tokens} tokens"
+            for c in workload.classes
+        ),
+    ]
+    for arm in workload.arms:
+        lines.append(f"arm {arm.name} (via {arm.via})")
+        if workload.engines is not None:
+            argv = engine_argv(workload.engines.command, 0, arm.engine_args)
+            lines.append(
+                f"  engines x{workload.engines.count}: {' '.join(argv)}  (port chosen then)"
+            )
+        if arm.priority:
+            lines.append(f"  request priorities: {arm.priority}")
+        if arm.proxy_engine:
+            lines.append(f"  the proxy's engine settings: {arm.proxy_engine}")
+    lines += [
+        f"bar: {b.figure or 'all valid'} {(b.arm or b.ratio) if b.figure else ''}".rstrip()
+        for b in workload.bars
+    ]
+    return "\n".join(lines)

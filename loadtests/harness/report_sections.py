@@ -1,0 +1,140 @@
+"""The report's sections on what the side-by-side table does not show: TTFT by
+prompt length (:mod:`loadtests.harness.buckets`), the engines' queue and prefill histograms
+beside the client's view (:mod:`loadtests.harness.engine_histograms`), and the machine's
+stops with the figures they disturbed (:func:`loadtests.harness.stalls.attribute`). Each
+function gives the section's markdown lines, none when it has nothing to say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from loadtests.harness.buckets import BUCKETS, UNKNOWN, LengthFigures
+from loadtests.support.markdown import markdown_table
+
+
+def ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
+
+
+def length_lines(by_prompt: dict[str, dict[str, list[LengthFigures]]]) -> list[str]:
+    """The warm TTFT p50/p95 and request count per prompt-length bucket
+    (:mod:`loadtests.harness.buckets`), a row per class and bucket, columns per arm."""
+    names = list(by_prompt)
+    classes = list(dict.fromkeys(c for by_class in by_prompt.values() for c in by_class))
+    rows: list[Sequence[str]] = []
+    for cls in classes:
+        per_arm = {a: {f.bucket: f for f in by_prompt[a].get(cls, [])} for a in names}
+        for name in (*BUCKETS, UNKNOWN):
+            found = [per_arm[a].get(name) for a in names]
+            if not any(found):
+                continue
+            cells = [
+                "-" if f is None else f"{f.requests}: {ms(f.ttft_p50)} / {ms(f.ttft_p95)}"
+                for f in found
+            ]
+            rows.append((cls, name, *cells))
+    if not rows:
+        return []
+    return [
+        "## TTFT by prompt length",
+        "",
+        "Requests sent after the warm-up, by their prompt's tokens (`usage.prompt_tokens`); "
+        "each cell: requests: TTFT p50 / p95.",
+        "",
+        markdown_table(("class", "prompt tokens", *names), rows),
+        "",
+    ]
+
+
+def _three(f: dict[str, Any]) -> str:
+    return " / ".join("-" if f.get(k) is None else ms(f[k]) for k in ("mean", "p50", "p95"))
+
+
+def engine_lines(engines: dict[str, dict[str, Any]]) -> list[str]:
+    """Per arm, each engine's queue, prefill and TTFT from its histograms over the
+    warm measured windows (:mod:`loadtests.harness.engine_histograms`), and beside them what
+    the client saw: TTFT and the proxy's queue wait."""
+    rows: list[Sequence[str]] = []
+    for arm, view in engines.items():
+        for name, phases in view.get("engines", {}).items():
+            warm = phases.get("warm measured") or {}
+            if not warm:
+                continue
+            requests = next((f["requests"] for f in warm.values() if f["requests"]), 0)
+            cells = [_three(warm.get(k) or {}) for k in ("queue", "prefill", "ttft")]
+            rows.append((arm, f"engine {name}", f"{requests:,.0f}", *cells))
+        c = view.get("client")
+        if c:
+            queue = _three({"p50": c["queue_p50"], "p95": c["queue_p95"]})
+            ttft = _three({"p50": c["ttft_p50"], "p95": c["ttft_p95"]})
+            rows.append((arm, "client, all classes", f"{c['requests']:,.0f}", queue, "-", ttft))
+    if not rows:
+        return []
+    header = ("arm", "seen by", "requests", "queue mean / p50 / p95", "prefill", "TTFT")
+    return [
+        "## Queue and prefill as the engines saw them",
+        "",
+        "From each engine's histograms (`vllm:request_queue_time_seconds`, "
+        "`vllm:request_prefill_time_seconds`, `vllm:time_to_first_token_seconds`), the "
+        "difference between the scrapes around the warm runs' measured windows: mean, "
+        "and p50 / p95 interpolated in the buckets; requests are those the engine "
+        "recorded then. The client's row: its TTFT, and in the queue column the proxy's "
+        "queue wait (`X-Whoseturn-Queue-Ms`, none direct). Per phase in `result.json` "
+        "(`engine_histograms`).",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]
+
+
+def disturbed_lines(
+    disturbed: dict[str, list[str]], stalls: dict[str, dict[str, Any]]
+) -> list[str]:
+    """Under the table: each set of figures a long stop of the machine disturbed."""
+    lines = []
+    for figures, phases in disturbed.items():
+        view = stalls[figures.removesuffix(" (cold)")]
+        longest = max(view["phases"][p]["longest_s"] for p in phases)
+        lines.append(
+            f"**Disturbed**: the {figures} figures include {', '.join(phases)}, where the "
+            f"machine stopped for up to {longest:.2f} s (over {view['disturbing_s']:g} s). "
+            "They are kept as measured: read them with that in mind, or run again."
+        )
+    return [*lines, ""] if lines else []
+
+
+def stall_lines(stalls: dict[str, dict[str, Any]]) -> list[str]:
+    """The machine's stops per arm (:func:`loadtests.harness.stalls.attribute`): count,
+    longest, total, and the phases they fell in."""
+    if not stalls:
+        return []
+    rows: list[Sequence[str]] = []
+    for arm, view in stalls.items():
+        where = "; ".join(
+            f"{name}: {p['count']} ({p['total_s']:.2f} s){' DISTURBED' if p['disturbed'] else ''}"
+            for name, p in view["phases"].items()
+        )
+        rows.append(
+            (
+                arm,
+                str(view["count"]),
+                f"{view['longest_s']:.2f} s",
+                f"{view['total_s']:.2f} s",
+                where or "-",
+            )
+        )
+    threshold = next(iter(stalls.values()))
+    header = ("arm", "stops", "longest", "total", "phases (stops, total)")
+    return [
+        "## The machine's stops",
+        "",
+        f"A process that asks to wake every 10 ms (`loadtests/harness/stalls.py`) ran beside each "
+        f"arm; a stop is a wake-up later by over {threshold['threshold_s']:g} s. A phase "
+        f"with a stop over {threshold['disturbing_s']:g} s is marked DISTURBED.",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]

@@ -1,0 +1,445 @@
+"""A workload's plan against one or two arms, and the result directory it leaves.
+
+:func:`run_plan` runs the plan (a cold run if asked, then the warm runs) against one
+arm, sampling the proxy's ``GET /turn`` twice a second for the timeline when the arm
+is a proxy, and keeping its ``GET /turn/log`` at the end. Progress is a live line on a
+terminal (``rich``), nothing otherwise. :func:`finish` summarises the arms, checks
+their answers against each other, writes ``records.jsonl``, ``result.json``,
+``report.md`` and the plots, and prints the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from loadtests.harness import plots
+from loadtests.harness.buckets import LengthFigures, by_length
+from loadtests.harness.engine_histograms import Span, engine_view
+from loadtests.harness.measures import (
+    ClassSummary,
+    Window,
+    answer_mismatches,
+    judge,
+    pct,
+    summarize_jobs,
+    summarize_runs,
+)
+from loadtests.harness.report import side_by_side, write_records, write_report, write_result
+from loadtests.harness.report_sections import ms
+from loadtests.harness.stalls import Phase, StallWatch, attribute
+from loadtests.harness.traffic import ArmRun, Route, new_run, run_arm
+from loadtests.harness.watch import in_background, listening_pid, peaks, watching
+from loadtests.harness.workload_file import Workload
+
+SAMPLE_INTERVAL_S = 0.5
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from loadtests.harness.client import Record
+
+
+@dataclass
+class ArmResult:
+    """An arm's runs (the cold one apart), and through a proxy its turn samples
+    (``{"t": seconds from the first run's start, "engines": GET /turn's list}``)."""
+
+    warm: list[ArmRun]
+    cold: ArmRun | None = None
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    os_samples: list[dict[str, Any]] = field(default_factory=list)
+    started: list[dict[str, Any]] = field(default_factory=list)  # servers the harness started
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # the machine's stops
+    servers: list[str] = field(default_factory=list)  # the names of the servers watched
+    watch_started_at: float = 0.0  # monotonic: the scrape files' times count from it
+
+    def valid_records(self) -> int:
+        """Valid answers of every run (the cold one too), streams closed early excluded."""
+        return sum(
+            1
+            for _, run in self.all_runs()
+            for rs in run.records.values()
+            for r in rs
+            if r.valid and r.closed_at is None
+        )
+
+    def all_runs(self) -> list[tuple[str, ArmRun]]:
+        first = [("cold", self.cold)] if self.cold is not None else []
+        return first + [(f"warm-{n}", run) for n, run in enumerate(self.warm)]
+
+    def phases(self, workload: Workload) -> list[Phase]:
+        """Each run's warm-up, measured window and drain (its open requests waited
+        for after the plan's duration), in order."""
+        plan, out = workload.plan, []
+        for label, run in self.all_runs():
+            start, end = run.started_at, run.started_at + plan.duration_s
+            out += [
+                Phase(f"{label} warm-up", start, start + plan.warmup_s),
+                Phase(f"{label} measured", start + plan.warmup_s, end),
+                Phase(f"{label} drain", end, max(end, run.ended_at or end)),
+            ]
+        return out
+
+    def engine_view(self, arm: str, workload: Workload, out: Path) -> dict[str, Any]:
+        """Arm ``arm``'s watched servers (``out/metrics/``): each one's queue, prefill
+        and TTFT histograms reduced per phase and over the warm runs' measured windows
+        together (``warm measured``) (:mod:`loadtests.harness.engine_histograms`); servers
+        that export none left out."""
+        spans = [
+            Span(p.name, p.start - self.watch_started_at, p.end - self.watch_started_at)
+            for p in self.phases(workload)
+        ]
+        pooled = {"warm measured": [f"warm-{n} measured" for n in range(len(self.warm))]}
+        found = {
+            name: engine_view(out / "metrics" / f"{arm}-{name}.prom", spans, pooled)
+            for name in self.servers
+        }
+        return {name: view for name, view in found.items() if view}
+
+    def stall_view(self, workload: Workload) -> dict[str, Any]:
+        """The machine's stops during the arm, set against its phases
+        (:func:`loadtests.harness.stalls.attribute`); times from its first run's start."""
+        runs = self.all_runs()
+        origin = runs[0][1].started_at if runs else 0.0
+        return attribute(self.stalls, self.phases(workload), origin=origin)
+
+
+async def run_plan(
+    workload: Workload,
+    route: Route,
+    *,
+    arm: str,
+    proxy: str | None,
+    out: Path,
+    console: Console,
+    servers: dict[str, str] | None = None,
+    priority: dict[str, int] | None = None,
+) -> ArmResult:
+    """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
+    its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
+    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.harness.watch`), and
+    the machine's stops (:class:`loadtests.harness.stalls.StallWatch`)."""
+    result = ArmResult([])
+    servers = servers or {}
+    pids = {name: listening_pid(url) for name, url in servers.items()}
+    stalls = StallWatch().start()
+    try:
+        await _runs(
+            workload,
+            route,
+            result,
+            arm=arm,
+            proxy=proxy,
+            out=out,
+            console=console,
+            servers=servers,
+            pids=pids,
+            priority=priority,
+        )
+    finally:
+        stalls.stop()
+        result.stalls = list(stalls.stalls)
+    return result
+
+
+async def _runs(
+    workload: Workload,
+    route: Route,
+    result: ArmResult,
+    *,
+    arm: str,
+    proxy: str | None,
+    out: Path,
+    console: Console,
+    servers: dict[str, str],
+    pids: dict[str, int | None],
+    priority: dict[str, int] | None,
+) -> None:
+    """The plan's runs against one arm into ``result``, watched (:func:`run_plan`)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        async with (
+            _watch(http, proxy, result.turns),
+            watching(http, servers, pids, out, arm, result.os_samples) as watch_start,
+        ):
+            result.servers, result.watch_started_at = list(servers), watch_start
+            labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
+            for number, label in enumerate(labels):
+                run = new_run(workload, priority, number)
+                async with _progress(console, f"{arm} ({label})", run, result.turns):
+                    await run_arm(workload, route, http, run, batch_api=proxy)
+                if label == "cold":
+                    result.cold = run
+                else:
+                    result.warm.append(run)
+        if proxy is not None:
+            log = await http.get(f"{proxy}/turn/log", params={"limit": 1000})
+            (out / f"{arm}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
+
+
+def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
+    """Each class over ``runs``: latencies after each run's warm-up, throughput over
+    each whole run."""
+    out = {}
+    for cls in workload.classes:
+        if cls.route == "batch-api":
+            spans = [
+                (run.jobs[cls.name], run.started_at, run.started_at + workload.plan.duration_s)
+                for run in runs
+            ]
+            out[cls.name] = summarize_jobs(spans)
+            continue
+        out[cls.name] = summarize_runs(windows(workload, runs, cls.name))
+    return out
+
+
+def windows(workload: Workload, runs: list[ArmRun], cls: str) -> list[Window]:
+    """A streamed class's records over ``runs``, each run's measured window with it."""
+    return [
+        Window(run.records[cls], *run.window(workload), counted_from=run.started_at) for run in runs
+    ]
+
+
+def lengths(workload: Workload, runs: list[ArmRun]) -> dict[str, list[LengthFigures]]:
+    """Each streamed class's TTFT by prompt length over ``runs``
+    (:func:`loadtests.harness.buckets.by_length`)."""
+    return {
+        cls.name: by_length(windows(workload, runs, cls.name))
+        for cls in workload.classes
+        if cls.route != "batch-api"
+    }
+
+
+def finish(
+    out: Path,
+    workload: Workload,
+    arms: dict[str, ArmResult],
+    *,
+    setup: dict[str, Any],
+    reasoning: str,
+    intro: str,
+) -> str:
+    """Write the result directory for ``arms`` (one or two); the table, printed too."""
+    figures = {arm: summaries(workload, r.warm) for arm, r in arms.items()}
+    if workload.plan.cold:
+        figures.update(
+            {f"{a} (cold)": summaries(workload, [r.cold]) for a, r in arms.items() if r.cold}
+        )
+    names = list(arms)
+    answers = None
+    if len(names) == 2:
+        # run by run: a run's prompts are its own (loadtests.harness.traffic.body)
+        compared = differing = 0
+        for (_, a), (_, b) in zip(*(arms[n].all_runs() for n in names), strict=False):
+            c, d = answer_mismatches(_all_records(a), _all_records(b))
+            compared, differing = compared + c, differing + d
+        answers = (compared, differing)
+    by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
+    stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
+    engines = {
+        arm: {"engines": r.engine_view(arm, workload, out), "client": client_view(workload, r.warm)}
+        for arm, r in arms.items()
+    }
+    disturbed = disturbed_figures(stalls)
+    warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
+    write_records(
+        out,
+        {
+            a: [
+                {"run": label, **rec.to_json()}
+                for label, run in r.all_runs()
+                for rs in run.records.values()
+                for rec in rs
+            ]
+            for a, r in arms.items()
+        },
+    )
+    jobs = [
+        {"arm": a, "run": label, **job.to_json()}
+        for a, r in arms.items()
+        for label, run in r.all_runs()
+        for js in run.jobs.values()
+        for job in js
+    ]
+    if jobs:
+        (out / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    drawn = _plots(out, arms)
+    machine = {arm: machine_view(r) for arm, r in arms.items()}
+    verdicts = [v.line() for v in judge(workload.bars, {a: figures[a] for a in names})]
+    write_result(
+        out,
+        workload,
+        setup={**setup, "started": {a: r.started for a, r in arms.items() if r.started}},
+        summaries=figures,
+        answers=answers,
+        reasoning=reasoning,
+        machine=machine,
+        verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
+        by_prompt=by_prompt,
+        engines=engines,
+    )
+    write_report(
+        out,
+        workload,
+        intro=intro,
+        table=warm_table,
+        answers=answers,
+        plots=drawn,
+        machine=machine,
+        started={a: r.started for a, r in arms.items() if r.started},
+        verdicts=verdicts,
+        stalls=stalls,
+        disturbed=disturbed,
+        by_prompt=by_prompt,
+        engines=engines,
+    )
+    print(warm_table)
+    if answers is not None:
+        print(f"\nAnswer check: {answers[0]} compared, {answers[1]} differ.")
+    if verdicts:
+        print("\n" + "\n".join(f"- {line}" for line in verdicts))
+    print(f"\nReport: {out / 'report.md'}")
+    print("Plots: " + ", ".join(str(out / name) for name in drawn))
+    return warm_table
+
+
+def client_view(workload: Workload, runs: list[ArmRun]) -> dict[str, float | None]:
+    """What the client saw over ``runs``' measured windows, every streamed class
+    together, to set beside the engines' histograms: TTFT and the proxy's queue wait
+    (``X-Whoseturn-Queue-Ms``), p50 and p95 in seconds (None for none)."""
+    sent = [
+        r
+        for cls in workload.classes
+        if cls.route != "batch-api"
+        for w in windows(workload, runs, cls.name)
+        for r in w.records
+        if w.start <= r.sent_at <= w.end and r.closed_at is None
+    ]
+    ttft = [t for r in sent if (t := r.ttft) is not None]
+    queue = [r.proxy_queue_ms / 1000.0 for r in sent if r.proxy_queue_ms is not None]
+    figures = {
+        "requests": float(len(ttft)),
+        "ttft_p50": pct(ttft, 0.50),
+        "ttft_p95": pct(ttft, 0.95),
+        "queue_p50": pct(queue, 0.50),
+        "queue_p95": pct(queue, 0.95),
+    }
+    return {k: None if math.isnan(v) else v for k, v in figures.items()}
+
+
+def disturbed_figures(stalls: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Which figures a long stop disturbed: ``{arm: phases}`` for the warm figures
+    (a warm run's phase disturbed), ``{"<arm> (cold)": phases}`` for the cold ones;
+    arms without a disturbed phase are left out."""
+    out: dict[str, list[str]] = {}
+    for arm, view in stalls.items():
+        for phase in view["disturbed"]:
+            key = f"{arm} (cold)" if phase.startswith("cold ") else arm
+            out.setdefault(key, []).append(phase)
+    return out
+
+
+def machine_view(result: ArmResult) -> dict[str, Any]:
+    """An arm's peaks (:func:`loadtests.harness.watch.peaks`), with the GPUs' energy per valid
+    record when there were GPUs to read."""
+    view = peaks(result.os_samples)
+    valid = result.valid_records()
+    view["valid_records"] = valid
+    if view["gpu"] is not None:
+        view["gpu"]["energy_per_valid_record_j"] = (
+            view["gpu"]["energy_j"] / valid if valid else None
+        )
+    return view
+
+
+def _plots(out: Path, arms: dict[str, ArmResult]) -> list[str]:
+    series = {}
+    for arm, result in arms.items():
+        for cls in result.warm[0].records:
+            values = [
+                t for run in result.warm for r in run.records[cls] if (t := r.ttft) is not None
+            ]
+            series[f"{cls}, {arm}"] = values
+    plots.ttft_plot(out / "ttft.png", series)
+    drawn = ["ttft.png"]
+    for arm, result in arms.items():
+        if result.turns:
+            plots.timeline_plot(out / f"timeline-{arm}.png", result.turns)
+            drawn.append(f"timeline-{arm}.png")
+    return drawn
+
+
+@contextlib.asynccontextmanager
+async def _watch(
+    http: httpx.AsyncClient, proxy: str | None, samples: list[dict[str, Any]]
+) -> AsyncIterator[None]:
+    """Sample ``GET proxy/turn`` into ``samples`` while the body runs (nothing if no proxy)."""
+
+    async def sample() -> None:
+        start = time.monotonic()
+        while True:
+            try:
+                body = (await http.get(f"{proxy}/turn")).json()
+                samples.append({"t": time.monotonic() - start, "engines": body["engines"]})
+            except httpx.HTTPError:
+                pass  # a missed sample is a gap in the plot, not a failure of the run
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    if not proxy:
+        yield
+        return
+    async with in_background(sample()):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _progress(
+    console: Console, label: str, run: ArmRun, turns: list[dict[str, Any]]
+) -> AsyncIterator[None]:
+    """A live line per class, and whose turn it is now through a proxy, on a terminal;
+    nothing when not a terminal."""
+    if not console.is_terminal:
+        yield
+        return
+    from rich.live import Live  # the bench's commands parse without rich
+
+    with Live(console=console, refresh_per_second=4, transient=True) as live:
+
+        async def refresh() -> None:
+            while True:
+                lines = _lines(label, time.monotonic() - run.started_at, run)
+                if turns:
+                    now = ", ".join(f"{e['engine']} {e['turn']}" for e in turns[-1]["engines"])
+                    lines += f"\n  whose turn: {now}"
+                live.update(lines)
+                await asyncio.sleep(0.25)
+
+        async with in_background(refresh()):
+            yield
+
+
+def _lines(label: str, elapsed: float, run: ArmRun) -> str:
+    lines = [f"{label}: {elapsed:4.0f} s"]
+    for cls, records in run.records.items():
+        ttft = [t for r in records if (t := r.ttft) is not None]
+        valid = sum(1 for r in records if r.valid and r.closed_at is None)
+        lines.append(
+            f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far {ms(pct(ttft, 0.95))}"
+        )
+    return "\n".join(lines)
+
+
+def _all_records(run: ArmRun) -> list[Record]:
+    return [rec for records in run.records.values() for rec in records]

@@ -1,0 +1,136 @@
+"""The HTTP edge on an app that the composition root makes (:func:`proxy.server.create_app`):
+:func:`install_api` adds OpenAI's error shape for every error, the API key check, the
+body guard, HEAD as GET, and the edge's routes: the completion routes (and their
+``/batch`` twins), ``/v1/models``, the probes, ``/metrics``, ``/turn`` and the status
+page. Handlers reach the running proxy through ``state_of`` (:mod:`proxy.api.state`).
+Reads (``/metrics``, ``/turn``, ``/turn/log``, ``/status``, ``/v1/models``, the
+probes) never run the scheduler."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy.api.auth import KeyGuard
+from proxy.api.docs import Health, ModelList, Readiness, completion_route_docs, error_responses
+from proxy.api.error_handlers import install_error_handlers
+from proxy.api.guard import Guard
+from proxy.api.inputs import check_api_key
+from proxy.api.methods import HeadAsGet
+from proxy.api.pieces import PieceChoice
+from proxy.api.state import StateOf
+from proxy.api.status import install_status_route
+from proxy.api.turn import install_turn_routes
+from proxy.config import Settings
+from proxy.scheduler import TrafficClass
+
+
+def install_api(
+    app: FastAPI, settings: Settings, state_of: StateOf, path_limits: Mapping[str, int]
+) -> None:
+    """The edge's middleware, error handlers and routes on ``app``; ``path_limits``
+    gives the paths whose bodies may be larger than ``max_body_bytes`` (the Files
+    API's uploads) their own limit."""
+    install_error_handlers(app)
+    app.add_middleware(KeyGuard, settings=settings)
+    app.add_middleware(
+        Guard,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits=path_limits,
+        body_timeout_s=settings.body_timeout_s,
+        max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
+    )
+    app.add_middleware(HeadAsGet, routes=app.router.routes)  # outermost: HEAD runs as GET
+    _completion_routes(app, state_of)
+    _read_routes(app, state_of)
+    _turn_routes(app, state_of)
+    install_status_route(app)
+
+
+def _turn_routes(app: FastAPI, state_of: StateOf) -> None:
+    def piece_choices(request: Request, limit: int) -> list[PieceChoice]:
+        pieces = state_of(request).forwarder.pieces
+        return [] if pieces is None else pieces.choices(limit)
+
+    def piece_facts(request: Request) -> dict[str, dict[str, object]] | None:
+        pieces = state_of(request).forwarder.pieces
+        return None if pieces is None else pieces.report()
+
+    def ledger_state(request: Request) -> dict[str, Any] | None:
+        shared = state_of(request).shared
+        return None if shared is None else shared.report()
+
+    install_turn_routes(
+        app,
+        lambda request: state_of(request).admission,
+        piece_facts,
+        lambda request: state_of(request).replica,
+        piece_choices,
+        ledger_state,
+    )
+
+
+METRICS_DOC: dict[int | str, dict[str, object]] = {
+    200: {
+        "description": "Prometheus text exposition format.",
+        "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+    },
+    **error_responses(401),
+}
+
+
+def _completion_routes(app: FastAPI, state_of: StateOf) -> None:
+    def forward(path: str, cls: TrafficClass) -> None:
+        async def handler(request: Request) -> Response:
+            return await state_of(request).forwarder.handle(request, path, cls)
+
+        prefix = "/batch" if cls is TrafficClass.BATCH else ""
+        docs = completion_route_docs(chat=path.endswith("/chat/completions"))
+        app.add_api_route(prefix + path, handler, methods=["POST"], name=f"{cls}{path}", **docs)
+
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        forward(path, TrafficClass.INTERACTIVE)
+        forward(path, TrafficClass.BATCH)
+
+
+def _read_routes(app: FastAPI, state_of: StateOf) -> None:
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(401))
+    @app.get("/batch/v1/models", response_model=ModelList, responses=error_responses(401))
+    async def models(request: Request) -> JSONResponse:
+        state = state_of(request)
+        check_api_key(request, state.settings)
+        data = [
+            {"id": m, "object": "model", "created": state.created, "owned_by": "whoseturn"}
+            for m in state.admission.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get(
+        "/healthz", response_model=Health, responses={200: {"description": "The proxy is alive."}}
+    )
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def readyz(request: Request) -> JSONResponse:
+        state = state_of(request)
+        monitor = state.monitor
+        up = [n for n, ok in monitor.up.items() if ok and monitor.failures[n] == 0]
+        ready = monitor.health_rounds > 0 and bool(up)
+        body = {
+            "ready": ready,
+            "engines_up": up,
+            "batch_store": state.batch_store_health(time.monotonic()),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", responses=METRICS_DOC)
+    async def metrics(request: Request) -> Response:
+        """A read: the scheduler's gauges are read as they stand, nothing runs."""
+        registry = state_of(request).metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
