@@ -285,9 +285,9 @@ def _run(args: argparse.Namespace) -> int:
         from loadtests.probe.calibrate.command import run as run_calibrate
 
         return run_calibrate(args)
-    from loadtests.sim.server import serve
+    from loadtests.sim.server import run_sim_server
 
-    return serve(sim_settings(args))
+    return run_sim_server(sim_settings(args))
 
 
 def sim_settings(args: argparse.Namespace) -> SimSettings:

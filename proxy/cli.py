@@ -1,6 +1,7 @@
 """The whoseturn command line: ``serve`` and ``turn`` here, the bench's commands
 (``sim``, ``probe``, ``demo``, ``loadtest``) in ``loadtests.cli``, imported only when
-one of them runs.
+one of them runs. ``serve`` hands the loaded settings to :func:`proxy.process.run`,
+which runs the proxy's processes (:mod:`proxy.process`).
 
 :func:`main` takes the arguments (default ``sys.argv[1:]``) and returns the exit
 status. ``whoseturn serve`` logs at start where its settings came from and where it
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from proxy.config import DEFAULT_CONFIG_FILE
 from proxy.help_format import Parser
+from proxy.logs import LOG_LEVELS, configure_logging
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -65,8 +67,6 @@ BENCH_COMMANDS = {
     "loadtest": "a workload file against a proxy and, with --direct, against its engines",
 }
 """The test bench's commands, run by ``loadtests.cli``."""
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 SERVE_EPILOG = f"""Settings come from a YAML file, then the environment, then these flags.
 The file is --config FILE, else $WHOSETURN_CONFIG, else {DEFAULT_CONFIG_FILE} in the
@@ -167,21 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def configure_logging(level: str, tag: str = "") -> None:
-    """Log at ``level`` to stderr, each line with its time, level, logger and ``tag``
-    (a worker process's, :mod:`proxy.workers`)."""
-    where = f"{tag} %(name)s" if tag else "%(name)s"
-    logging.basicConfig(
-        level=level.upper(), format=f"%(asctime)s %(levelname)s {where}: %(message)s"
-    )
-    # httpx logs every upstream call at info; keep those for debugging only.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # psycopg's pool warns at every failed reconnect while a database is down; the
-    # proxy logs each outage once, with its cause and its length (proxy.batch.health).
-    for name in ("psycopg", "psycopg.pool"):
-        logging.getLogger(name).setLevel(max(logging.ERROR, logging.getLogger().level))
-
-
 def serve(
     args: argparse.Namespace,
     *,
@@ -192,7 +177,7 @@ def serve(
     """``whoseturn serve``: load the settings, log where they came from, run the proxy
     until SIGTERM and its drain; the exit status.
 
-    ``run(settings, log_level)`` runs the proxy (default :func:`proxy.serve.serve`).
+    ``run(settings, log_level)`` runs the proxy (default :func:`proxy.process.run`).
     """
     from proxy.config import load_settings
 
@@ -211,9 +196,9 @@ def serve(
     log_sources(file, env, engines_given=bool(args.engine), cwd=cwd)
     log_addresses(settings)
     if run is None:
-        from proxy.serve import serve as serve_and_drain
+        from proxy.process import run as run_processes  # uvicorn and the app: only here
 
-        run = serve_and_drain
+        run = run_processes
     return run(settings, args.log_level)
 
 

@@ -277,7 +277,7 @@ class Settings:
     ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
     ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
     replica_id: str = ""  # this replica's name in the ledger (default: host, pid, random)
-    # Worker processes on one listening address, each a replica (proxy.workers).
+    # Worker processes on one listening address, each a replica (proxy.process.workers).
     workers: int = 1
 
     # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no

@@ -1,17 +1,28 @@
-"""The proxy's Prometheus metrics: the contract of docs/design.md, ``whoseturn_`` only.
+"""The proxy's Prometheus metrics, every one declared here: the contract of
+docs/design.md, ``whoseturn_`` only, in the order docs/metrics.md lists them
+(``tests/unit/test_metrics_docs.py`` holds the two to the same list).
 
-Request-path numbers (latencies, counts, tokens) are recorded as they happen.
-Scheduler state (turn, budget, work in flight, queues, engine health) is read from
-the scheduler at scrape time by a custom collector, so the gauges can never
-disagree with ``/turn``. Everything lives on a registry owned by the app.
+Each family is declared once, here, and registered in that order on a registry
+owned by the app (:class:`ProxyMetrics`, built in the composition root). The
+floors above feed them without declaring any:
+
+- the scheduler's state (turn, budget, work in flight, queues, engines) is read
+  at scrape time (:class:`SchedulerCollector`), so the gauges can never disagree
+  with ``/turn``;
+- the request path (:mod:`proxy.api`) records latencies, outcomes and tokens as
+  they happen, and the piecing of long prompts its counters (:class:`PieceMetrics`);
+- the shared ledger (:mod:`proxy.replicas`) and the Batch API (:mod:`proxy.batch`)
+  attach what their families read at scrape time (:class:`LedgerState`,
+  :class:`Health`, :class:`Deadline`); until they do, their families are not
+  exported (one replica alone; batch off).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -36,6 +47,8 @@ QUEUE_BUCKETS = (
 CLASS_ENGINE = ("class", "engine")
 OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
 BATCH_RECORD_STATUSES = ("completed", "failed", "valid", "invalid")
+BATCH_TOKEN_KINDS = ("prompt", "completion")
+PIECE_FALLBACKS = ("cache_miss", "piece_failed")
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -47,18 +60,10 @@ def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
 
 
 class SchedulerCollector(Collector):
-    """Turn, budget, in-flight work, queues and engine health, read at scrape time."""
+    """Turn, budget, in-flight work, queues and engines, read at scrape time."""
 
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        ttft_targets: dict[TrafficClass, float],
-        gap_targets: dict[TrafficClass, float],
-        engine_urls: dict[str, str],
-    ) -> None:
+    def __init__(self, scheduler: Scheduler, engine_urls: Mapping[str, str]) -> None:
         self.scheduler = scheduler
-        self.ttft_targets = ttft_targets
-        self.gap_targets = gap_targets
         self.engine_urls = engine_urls
 
     def collect(self) -> Iterator[Metric]:
@@ -66,7 +71,8 @@ class SchedulerCollector(Collector):
         engines = list(self.scheduler.engines.values())
         yield from self._turns(engines, self.scheduler.clock.now())
         yield from self._work(engines)
-        yield from self._queues()
+        yield self._queue_depth()
+        yield from self._engines(engines)
 
     def _turns(self, engines: list[EngineState], now: float) -> Iterator[Metric]:
         turn = _gauge(
@@ -100,11 +106,20 @@ class SchedulerCollector(Collector):
         decode = _gauge(
             "whoseturn_decode_inflight_requests", "Streams in decode", "engine", "class"
         )
-        others = _gauge(
-            "whoseturn_replicas_batch_prefill_tokens",
-            "Other proxy replicas' batch prompt tokens in prefill, from the shared ledger",
-            "engine",
-        )
+        for e in engines:
+            budget.add_metric([e.name], e.budget.tokens)
+            for c in TrafficClass:
+                prefill.add_metric([e.name, c.value], e.prefill_tokens(c))
+                decode.add_metric([e.name, c.value], e.decode_streams(c))
+        yield from (budget, prefill, decode)
+
+    def _queue_depth(self) -> Metric:
+        depth = _gauge("whoseturn_queue_depth", "Requests waiting in the proxy", "class")
+        for c in TrafficClass:
+            depth.add_metric([c.value], len(self.scheduler.queues[c]))
+        return depth
+
+    def _engines(self, engines: list[EngineState]) -> Iterator[Metric]:
         up = _gauge("whoseturn_engine_up", "1 if the engine is in service", "engine")
         info = _gauge(
             "whoseturn_engine_info",
@@ -112,35 +127,20 @@ class SchedulerCollector(Collector):
             "engine",
             "url",
         )
+        others = _gauge(
+            "whoseturn_replicas_batch_prefill_tokens",
+            "Other proxy replicas' batch prompt tokens in prefill, from the shared ledger",
+            "engine",
+        )
         for e in engines:
-            budget.add_metric([e.name], e.budget.tokens)
-            for c in TrafficClass:
-                prefill.add_metric([e.name, c.value], e.prefill_tokens(c))
-                decode.add_metric([e.name, c.value], e.decode_streams(c))
-            others.add_metric([e.name], e.others.batch_prefill_tokens)
             up.add_metric([e.name], 1.0 if e.up else 0.0)
             info.add_metric([e.name, self.engine_urls.get(e.name, "")], 1.0)
-        yield from (budget, prefill, decode, others, up, info)
-
-    def _queues(self) -> Iterator[Metric]:
-        depth = _gauge("whoseturn_queue_depth", "Requests waiting in the proxy", "class")
-        target = _gauge("whoseturn_ttft_target_seconds", "Configured TTFT target", "class")
-        gap = _gauge(
-            "whoseturn_inter_token_target_seconds",
-            "Configured inter-token gap target (p95)",
-            "class",
-        )
-        for c in TrafficClass:
-            depth.add_metric([c.value], len(self.scheduler.queues[c]))
-            if c in self.ttft_targets:
-                target.add_metric([c.value], self.ttft_targets[c])
-            if c in self.gap_targets:
-                gap.add_metric([c.value], self.gap_targets[c])
-        yield from (depth, target, gap)
+            others.add_metric([e.name], e.others.batch_prefill_tokens)
+        yield from (up, info, others)
 
 
-class LedgerState(Protocol):
-    """What the shared budget (:class:`proxy.replicas.SharedBudget`) says of its ledger."""
+class Health(Protocol):
+    """Whether a store answers, and how many outages it has had."""
 
     @property
     def up(self) -> bool: ...
@@ -148,18 +148,27 @@ class LedgerState(Protocol):
     @property
     def outages(self) -> int: ...
 
+
+class LedgerState(Health, Protocol):
+    """What the shared budget (:class:`proxy.replicas.SharedBudget`) says of its ledger."""
+
     @property
     def local_grants(self) -> int: ...
 
 
 class LedgerCollector(Collector):
-    """The shared ledger's state, read at scrape time (registered only where several
-    replicas share the engines' budgets, docs/replicas.md)."""
+    """The shared ledger's state, read at scrape time; nothing until a ledger is
+    attached (only where several replicas share the engines' budgets, docs/replicas.md)."""
 
-    def __init__(self, ledger: LedgerState) -> None:
+    def __init__(self, ledger: LedgerState | None = None) -> None:
+        self.ledger = ledger
+
+    def attach(self, ledger: LedgerState) -> None:
         self.ledger = ledger
 
     def collect(self) -> Iterator[Metric]:
+        if self.ledger is None:
+            return
         up = _gauge(
             "whoseturn_ledger_up",
             "1 while the shared ledger answers; 0 while this replica runs batch on a local budget",
@@ -175,17 +184,175 @@ class LedgerCollector(Collector):
         yield from (up, outages, local)
 
 
+class LineCounts(Protocol):
+    """A batch line's recorded result, as the counters see it
+    (:class:`proxy.batch.store.LineResult`)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def quality(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+
+class Deadline(NamedTuple):
+    """An active batch job's two timestamps (epoch seconds; no estimate yet: None)."""
+
+    batch: str
+    expires_at: float
+    estimated_completion_at: float | None
+
+
+class BatchMetrics(Collector):
+    """The Batch API's families. ``whoseturn_batch_records_total{status}`` is
+    always exported; the others once :meth:`attach` is called (batch on): the job
+    counts and tokens as the runner sets them, the store's health and the active
+    jobs' deadlines read at each scrape."""
+
+    def __init__(self) -> None:
+        self.records = Counter(
+            "whoseturn_batch_records", "Batch records by status", ["status"], registry=None
+        )
+        for status in BATCH_RECORD_STATUSES:
+            self.records.labels(status)
+        self.jobs = Gauge("whoseturn_batch_jobs", "Batch jobs by status", ["status"], registry=None)
+        self.tokens = Counter(
+            "whoseturn_batch_tokens",
+            "Tokens of batch job lines (engine usage)",
+            ["kind"],
+            registry=None,
+        )
+        for kind in BATCH_TOKEN_KINDS:
+            self.tokens.labels(kind)
+        self.store: Health | None = None
+        self.deadlines: Callable[[], Iterable[Deadline]] = lambda: ()
+
+    def attach(self, store: Health, deadlines: Callable[[], Iterable[Deadline]]) -> None:
+        """Export the batch families: the store's ``health``, the active jobs' ``deadlines``."""
+        self.store = store
+        self.deadlines = deadlines
+
+    def set_jobs(self, counts: Mapping[str, int]) -> None:
+        """The jobs in the store, by status."""
+        for status, count in counts.items():
+            self.jobs.labels(status).set(count)
+
+    def count(self, result: LineCounts) -> None:
+        """A line's result recorded."""
+        if result.quality:
+            self.records.labels(result.quality).inc()
+        self.records.labels("completed" if result.ok else "failed").inc()
+        self.tokens.labels("prompt").inc(result.prompt_tokens)
+        self.tokens.labels("completion").inc(result.completion_tokens)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.records.collect()
+        if self.store is None:
+            return
+        yield from self.jobs.collect()
+        up = _gauge("whoseturn_batch_store_up", "Whether the batch store answers (1) or not (0)")
+        up.add_metric([], 1.0 if self.store.up else 0.0)
+        outages = _counter(
+            "whoseturn_batch_store_outages", "Batch store outages since the proxy started"
+        )
+        outages.add_metric([], float(self.store.outages))
+        yield from (up, outages)
+        yield from self.tokens.collect()
+        yield from self._deadlines()
+
+    def _deadlines(self) -> Iterator[Metric]:
+        eta = _gauge(
+            "whoseturn_batch_estimated_completion_timestamp_seconds",
+            "When an active batch job is estimated to be done (epoch seconds)",
+            "batch",
+        )
+        expires = _gauge(
+            "whoseturn_batch_expires_timestamp_seconds",
+            "When an active batch job's completion window ends (epoch seconds)",
+            "batch",
+        )
+        for job in self.deadlines():
+            expires.add_metric([job.batch], job.expires_at)
+            if job.estimated_completion_at is not None:
+                eta.add_metric([job.batch], job.estimated_completion_at)
+        yield from (eta, expires)
+
+
+class PieceMetrics:
+    """``whoseturn_prefill_pieces_total{engine}`` and its companions, counted by
+    :class:`proxy.api.piece_sender.PieceSender`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pieces = Counter(
+            "whoseturn_prefill_pieces",
+            "Prefix pieces of long batch prompts sent to an engine",
+            ["engine"],
+            registry=registry,
+        )
+        self.prompts = Counter(
+            "whoseturn_prefill_pieced_prompts",
+            "Batch prompts sent whole after their pieces (the real request)",
+            ["engine"],
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "whoseturn_prefill_piece_fallbacks",
+            "Pieced prompts sent whole early: the cache did not hold, or a piece failed",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        self.aborts = Counter(
+            "whoseturn_batch_aborts",
+            "Batch requests aborted in prefill on an engine for a chat, to be requeued",
+            ["engine"],
+            registry=registry,
+        )
+        self.requeues = Counter(
+            "whoseturn_batch_requeues",
+            "Batch requests sent again to an engine after an abort",
+            ["engine"],
+            registry=registry,
+        )
+
+    def add(self, name: str) -> None:
+        """Export engine ``name``'s series at zero from the start."""
+        self.pieces.labels(name)
+        self.prompts.labels(name)
+        self.aborts.labels(name)
+        self.requeues.labels(name)
+        for reason in PIECE_FALLBACKS:
+            self.fallbacks.labels(name, reason)
+
+
 class ProxyMetrics:
-    """Recorders for the request path, on a registry of the app's own."""
+    """Every family of docs/metrics.md, in its order, on a registry of the app's own."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         ttft_target_s: float,
         gap_target_s: float = 0.1,
-        engine_urls: dict[str, str] | None = None,
+        engine_urls: Mapping[str, str] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        urls = engine_urls if engine_urls is not None else {}  # the fleet adds to it
+        self.registry.register(SchedulerCollector(scheduler, urls))
+        self.ledger = LedgerCollector()
+        self.registry.register(self.ledger)
+        self._request_path()
+        self._targets(ttft_target_s, gap_target_s)
+        self.batch = BatchMetrics()
+        self.registry.register(self.batch)
+        self.pieces = PieceMetrics(self.registry)
+        self._create_children(scheduler)
+
+    def _request_path(self) -> None:
         self.queue_wait = self._histogram(
             "whoseturn_queue_wait_seconds", "Time in the proxy's queue", QUEUE_BUCKETS, ["class"]
         )
@@ -210,15 +377,23 @@ class ProxyMetrics:
         self.completion_tokens = self._counter(
             "whoseturn_completion_tokens", "Completion tokens (engine usage)"
         )
-        self.batch_records = self._counter(
-            "whoseturn_batch_records", "Batch records by status", ["status"]
+
+    def _targets(self, ttft_target_s: float, gap_target_s: float) -> None:
+        """The configured targets: constants, set once (interactive only)."""
+        ttft = Gauge(
+            "whoseturn_ttft_target_seconds",
+            "Configured TTFT target",
+            ["class"],
+            registry=self.registry,
         )
-        ttft = {TrafficClass.INTERACTIVE: ttft_target_s}
-        gap = {TrafficClass.INTERACTIVE: gap_target_s}
-        self.registry.register(
-            SchedulerCollector(scheduler, ttft, gap, engine_urls if engine_urls is not None else {})
+        gap = Gauge(
+            "whoseturn_inter_token_target_seconds",
+            "Configured inter-token gap target (p95)",
+            ["class"],
+            registry=self.registry,
         )
-        self._create_children(scheduler)
+        ttft.labels(TrafficClass.INTERACTIVE.value).set(ttft_target_s)
+        gap.labels(TrafficClass.INTERACTIVE.value).set(gap_target_s)
 
     def _histogram(
         self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = CLASS_ENGINE
@@ -231,8 +406,6 @@ class ProxyMetrics:
     def _create_children(self, scheduler: Scheduler) -> None:
         """Counters start at 0 for every known label set, so that ``increase()`` sees
         the first event too."""
-        for status in BATCH_RECORD_STATUSES:
-            self.batch_records.labels(status)
         for c in TrafficClass:
             for engine in scheduler.engines:
                 self.prompt_tokens.labels(c.value, engine)

@@ -43,7 +43,7 @@ from fastapi.telemetry import TelemetryConfig
 from proxy.admission import Admission
 from proxy.api.docs import publish_as_written
 from proxy.api.forward import Forwarder
-from proxy.api.pieces import Piecer
+from proxy.api.piece_sender import PieceSender
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
 from proxy.api.routes import install_api
@@ -60,7 +60,7 @@ from proxy.engines import (
     make_http_client,
     resolve_addresses,
 )
-from proxy.metrics import LedgerCollector, ProxyMetrics
+from proxy.metrics import ProxyMetrics
 from proxy.replicas import Ledger, SharedBudget
 from proxy.scheduler import HoldRules, Scheduler, SchedulerSettings
 
@@ -118,7 +118,7 @@ class Fleet:
     monitor: EngineMonitor
     admission: Admission
     urls: dict[str, str]
-    pieces: Piecer
+    pieces: PieceSender
 
     def join(self, config: EngineConfig) -> None:
         self.pool.add(config)
@@ -209,8 +209,8 @@ async def build(
     urls = {c.name: c.url for c in settings.engines if not c.by_dns}
     metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
     aim = settings.engines[0].budget.aim if settings.engines else 0.8
-    pieces = Piecer(
-        list(settings.engines), pool, admission, clock, metrics.registry,
+    pieces = PieceSender(
+        list(settings.engines), pool, admission, clock, metrics.pieces,
         target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
     )  # fmt: skip
     fleet = Fleet(pool, monitor, admission, urls, pieces)
@@ -222,9 +222,9 @@ async def build(
     replica = settings.replica_id or default_replica_id()
     shared = _shared_budget(settings, admission, pool, ledger, replica)
     if shared is not None:
-        metrics.registry.register(LedgerCollector(shared))
+        metrics.ledger.attach(shared)
     forwarder = Forwarder(
-        settings, pool, monitor, services, shared.reserve if shared is not None else None, pieces
+        settings, pool, monitor, services, pieces, shared.reserve if shared is not None else None
     )
     admission.on_abort = forwarder.abort
     state = ProxyState(
@@ -270,8 +270,7 @@ async def startup(state: ProxyState) -> None:
     """One round of health checks and load scrapes (and the shared ledger opened and
     read), then the background loops."""
     await state.monitor.check_once()
-    if state.forwarder.pieces is not None:
-        await state.forwarder.pieces.discover()
+    await state.forwarder.piece_sender.discover()
     if state.shared is not None:
         await state.shared.ledger.open()
         await state.shared.sync_once()

@@ -67,8 +67,8 @@ async def store_rate(make: Callable[[], BatchStore], lines: int, window: int) ->
     """Lines recorded per second by the store alone."""
     store = make()
     await store.open()
-    new = NewBatch("batch_bench", CHAT, "file-bench", "24h", 86400, None)
-    await store.create_batch(new, read_lines(io.BytesIO(job_file(lines)), CHAT, lines))
+    await store.add_batch(NewBatch("batch_bench", CHAT, "file-bench", "24h", 86400, None))
+    await store.fill_batch("batch_bench", read_lines(io.BytesIO(job_file(lines)), CHAT, lines))
     body = {"object": "chat.completion", "choices": [{"message": {"content": "ok"}}]}
     start = time.perf_counter()
     while page := await store.claim("batch_bench", "bench", window, 60):

@@ -13,12 +13,17 @@ are compared in constant time (:func:`hmac.compare_digest`), every
 configured key each time, so the time taken does not tell how much of a key was
 right. Which class a key may use, and whether it may choose it by header, is its
 policy (:class:`proxy.config.ApiKey`); see :func:`may_override`.
+
+The key is checked once per request, as it comes in (:class:`KeyCheck`); what a
+route needs of it later (a completion route's class, :mod:`proxy.api.inputs`) it
+reads from the :class:`Caller` the check leaves in the request's scope.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -106,28 +111,61 @@ def unauthorized() -> APIError:
     return APIError(401, "Invalid or missing API key.", err_type="authentication_error")
 
 
-class KeyGuard:
-    """ASGI middleware: each route behind the key role it needs (table above)."""
+CALLER = "caller"
+"""Where :class:`KeyCheck` keeps the :class:`Caller` in the ASGI scope's state."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as :class:`KeyCheck` found it once, as the request came
+    in: ``key``, the configured key it gave (None: no ``api_keys``, or a path that
+    needs no key); ``may_override``, whether it may choose its class by
+    ``X-Whoseturn-Class`` (:func:`may_override`)."""
+
+    key: ApiKey | None
+    may_override: bool
+
+
+def caller(scope: Scope) -> Caller:
+    """The request's :class:`Caller`, as :class:`KeyCheck` left it."""
+    found = scope.get("state", {}).get(CALLER)
+    if not isinstance(found, Caller):
+        raise RuntimeError("the request did not pass the key check (KeyCheck)")
+    return found
+
+
+def check_key(settings: Settings, scope: Scope) -> Caller | APIError:
+    """The caller of the HTTP request ``scope``, or why it is refused (401, 403)."""
+    role = needed_role(scope["method"], scope["path"])
+    token = bearer_token(scope.get("headers", []))
+    key = None
+    if role is not None and settings.api_keys:
+        key = find_key(settings, token)
+        if key is None:
+            return unauthorized()
+        if role == "user" and key.role != "user":
+            return APIError(403, "This API key may only read.", err_type="permission_error")
+    return Caller(key, may_override(settings, token, key))
+
+
+class KeyCheck:
+    """ASGI middleware: each route behind the key role it needs (table above). The
+    key is looked up once per request (:func:`check_key`); the routes that need it
+    again (a completion route's class) read the :class:`Caller` it leaves
+    (:func:`caller`)."""
 
     def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
         self.app = app
         self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = self._refusal(scope) if scope["type"] == "http" else None
-        if error is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        response = error.response({"www-authenticate": CHALLENGE} if error.status == 401 else {})
-        await response(scope, receive, send)
-
-    def _refusal(self, scope: Scope) -> APIError | None:
-        role = needed_role(scope["method"], scope["path"])
-        if role is None or not self.settings.api_keys:
-            return None
-        key = find_key(self.settings, bearer_token(scope.get("headers", [])))
-        if key is None:
-            return unauthorized()
-        if role == "user" and key.role != "user":
-            return APIError(403, "This API key may only read.", err_type="permission_error")
-        return None
+        checked = check_key(self.settings, scope)
+        if isinstance(checked, Caller):
+            scope.setdefault("state", {})[CALLER] = checked
+            await self.app(scope, receive, send)
+            return
+        headers = {"www-authenticate": CHALLENGE} if checked.status == 401 else {}
+        await checked.response(headers)(scope, receive, send)

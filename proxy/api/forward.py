@@ -17,9 +17,9 @@ before the client's first byte, not left to its ``first_byte_timeout_s``; a
 streaming client whose response had begun (headers only) gets the SSE error.
 
 A batch request the scheduler may abort in prefill for a chat (``batch_abort``,
-:mod:`proxy.scheduler.aborts`) is sent with a window open (:mod:`proxy.api.aborts`)
-until the engine's first chunk: nothing is relayed to the client before then
-(a streaming client's response starts only then). Aborted inside it, the
+:mod:`proxy.scheduler.aborts`) is sent with a window open
+(:mod:`proxy.api.abort_windows`) until the engine's first chunk: nothing is relayed
+to the client before then (a streaming client's response starts only then). Aborted inside it, the
 upstream response is closed (vLLM aborts the request, its computed blocks stay
 cached) and the same request waits for its next dispatch on the same engine; the
 client sees only a later first token.
@@ -42,16 +42,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from proxy.admission import Admitted, Closed
-from proxy.api.aborts import Windows
+from proxy.api.abort_windows import AbortWindows
 from proxy.api.assemble import Assembler
+from proxy.api.auth import caller
 from proxy.api.disconnect import ClientGone, until_disconnect
-from proxy.api.guard import new_request_id, request_id, set_request_id
-from proxy.api.inputs import check_api_key, read_request
-from proxy.api.pieces import Final, Piecer
-from proxy.api.relay import Relay, Services, Ticket
+from proxy.api.inputs import read_request
+from proxy.api.piece_sender import Final, PieceSender
+from proxy.api.relay import Relay, Services
+from proxy.api.request_ids import new_request_id, request_id, set_request_id
 from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import SSEEvent
 from proxy.api.stream import RelayResponse, close_shielded
+from proxy.api.ticket import Ticket
 from proxy.config import Settings
 from proxy.engines import (
     AnswerWait,
@@ -105,21 +107,20 @@ class Forwarder:
         pool: EnginePool,
         monitor: EngineMonitor,
         services: Services,
+        piece_sender: PieceSender,
         reserve: Reserve | None = None,
-        pieces: Piecer | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.monitor = monitor
         self.services = services
+        self.piece_sender = piece_sender
         self.reserve = reserve
-        self.pieces = pieces
-        self.windows = Windows()
+        self.windows = AbortWindows()
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
         arrival = self.services.clock.now()
-        check_api_key(request, self.settings)
-        req = await read_request(request, path, default, self.settings)
+        req = await read_request(request, path, default, caller(request.scope))
         self._check_servable(req)
         count = await self.services.counter.count(req)
         ticket = Ticket(self._job_id(request), req, arrival, count)
@@ -135,7 +136,7 @@ class Forwarder:
             return Response(status_code=499)
 
     def _job_id(self, request: Request) -> str:
-        """The request's id (:mod:`proxy.api.guard`), which is its job's id in the
+        """The request's id (:mod:`proxy.api.request_ids`), which is its job's id in the
         scheduler and its decisions' in ``/turn/log``; a client's id already in use
         by a request in flight is replaced by a new one (the response says which)."""
         job_id = request_id(request.scope)
@@ -191,17 +192,17 @@ class Forwarder:
         that came there while it waited turns it into pieces (the turn is given
         back, and the pieces queue in its place)."""
         whole = Final(ticket.count.tokens, None, 0)
-        pieces = self.pieces
-        up = None if pieces is None else await pieces.pieceable(ticket)
-        if pieces is None or up is None:
+        sender = self.piece_sender
+        up = await sender.pieceable(ticket)
+        if up is None:
             return await self._admit(ticket, whole, whole_by_choice=False)
-        if pieces.wanted(ticket, up):
-            return await self._admit(ticket, await pieces.prefill(ticket, up), True)
+        if sender.wanted(ticket, up):
+            return await self._admit(ticket, await sender.prefill(ticket, up), True)
         admitted = await self._admit(ticket, whole, whole_by_choice=True)
-        if pieces.keep_whole(ticket, admitted.engine):
+        if sender.keep_whole(ticket, admitted.engine):
             return admitted
         self.services.admission.finished(ticket.id)
-        return await self._admit(ticket, await pieces.prefill(ticket, [admitted.engine]), True)
+        return await self._admit(ticket, await sender.prefill(ticket, [admitted.engine]), True)
 
     async def _admit(self, ticket: Ticket, final: Final, whole_by_choice: bool) -> Admitted:
         """Queue the client's own request as ``final`` says and wait for its turn."""
@@ -211,8 +212,8 @@ class Forwarder:
             arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
             piece=final.piece, abortable=self._abortable(req.cls, final, whole_by_choice),
         )  # fmt: skip
-        if job.abortable and self.pieces is not None:
-            cost = self.pieces.cost(final.engine)
+        if job.abortable:
+            cost = self.piece_sender.cost(final.engine)
             job.prefill_s = None if cost is None else cost * final.tokens
         return await self.services.admission.admit(job)
 
@@ -224,7 +225,7 @@ class Forwarder:
         and it is sent again on the same engine; ``on``,
         every batch request; ``off``, none."""
         mode = self.settings.batch_abort
-        if cls is not TrafficClass.BATCH or mode == "off" or self.pieces is None:
+        if cls is not TrafficClass.BATCH or mode == "off":
             return False
         return mode == "on" or final.engine is not None or whole_by_choice
 
@@ -235,8 +236,8 @@ class Forwarder:
         while True:
             admitted = await self._wait(ticket, retried)
             retried = True
-            if aborted and self.pieces is not None:
-                self.pieces.requeued(admitted.engine)
+            if aborted:
+                self.piece_sender.requeued(admitted.engine)
             if not await self._reserved(ticket):
                 continue  # queued again: the shared budget refused it (batch only)
             try:
@@ -259,8 +260,7 @@ class Forwarder:
             abort.job_id, abort.engine, abort.chat_id, abort.waited_s, abort.remaining_s,
             abort.aim_s, abort.number, abort.limit,
         )  # fmt: skip
-        if self.pieces is not None:
-            self.pieces.aborted(abort.engine)
+        self.piece_sender.aborted(abort.engine)
         return True
 
     async def _attempt(self, ticket: Ticket, admitted: Admitted) -> Opened | None:

@@ -2,7 +2,7 @@
 counted against one budget (``max_body_bytes_in_flight``).
 
 ``max_body_bytes`` bounds one body; this bounds them all together, so that many large
-bodies at once cannot take the process's memory. :class:`~proxy.api.guard.Guard`
+bodies at once cannot take the process's memory. :mod:`~proxy.api.body_limits`
 reserves a body's bytes when its ``Content-Length`` arrives (or as its chunks arrive,
 without one) and gives them back when the request ends; a body the budget cannot take
 is refused with 503 and ``Retry-After`` (the budget frees as requests finish).
@@ -95,8 +95,9 @@ class MemoryReturn:
 
     - reference cycles: every upstream ``httpx.Response`` is in one (its stream holds
       it), and it holds its request, whose content is the body sent to the engine.
-      With the proxy's garbage collector thresholds (:data:`proxy.serve.GC_THRESHOLDS`)
-      large requests allocate too few objects to start a collection, so an idle proxy
+      With the proxy's garbage collector thresholds
+      (:data:`proxy.process.uvicorn_server.GC_THRESHOLDS`) large requests allocate too
+      few objects to start a collection, so an idle proxy
       kept 600 MB of dead bodies; and a young collection moves the cycles of requests
       still running into the old generation, where they outlive their requests;
     - glibc's heap: freed chunks in its middle are not returned (only its top is

@@ -1,14 +1,13 @@
 """What the proxy reads from a client's HTTP request, once: its JSON body (strictly,
-:mod:`proxy.openai.bodies`), its API key and its class; :func:`read_request` gives
-the :class:`~proxy.openai.request.ChatRequest` the rest of the request path works
-from."""
+:mod:`proxy.openai.bodies`) and its class (by the route, the class header and the
+caller's key, as :mod:`proxy.api.auth` found it); :func:`read_request` gives the
+:class:`~proxy.openai.request.ChatRequest` the rest of the request path works from."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
-from proxy.api.auth import bearer_token, find_key, may_override, unauthorized
-from proxy.config import ApiKey, Settings
+from proxy.api.auth import Caller
 from proxy.openai.bodies import BodyError, check_completion, parse_json
 from proxy.openai.errors import APIError, bad_request
 from proxy.openai.request import ChatRequest, Json, describe
@@ -44,30 +43,15 @@ def read_completion(body: Json, path: str) -> Json:
         raise bad_request(exc.message, param=exc.param) from None
 
 
-def api_key(request: Request) -> str | None:
-    """The request's bearer token, if it has one."""
-    return bearer_token(request.headers.raw)
-
-
-def check_api_key(request: Request, settings: Settings) -> ApiKey | None:
-    """The caller's key (401 if keys are set and it has none of them)."""
-    if not settings.api_keys:
-        return None
-    key = find_key(settings, api_key(request))
-    if key is None:
-        raise unauthorized()
-    return key
-
-
-def traffic_class(request: Request, default: TrafficClass, settings: Settings) -> TrafficClass:
-    """The route's class, or the one ``X-Whoseturn-Class`` asks for where allowed;
-    403 for a class the caller's key may not use."""
-    key = check_api_key(request, settings)
+def traffic_class(request: Request, default: TrafficClass, caller: Caller) -> TrafficClass:
+    """The route's class, or the one ``X-Whoseturn-Class`` asks for where the caller
+    may choose; 403 for a class the caller's key may not use."""
+    key = caller.key
     cls = default
     wanted = request.headers.get(CLASS_HEADER)
     if wanted is not None:
         cls = _wanted_class(wanted)
-        if not may_override(settings, api_key(request), key):
+        if not caller.may_override:
             raise APIError(
                 403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error"
             )
@@ -87,8 +71,8 @@ def _wanted_class(wanted: str) -> TrafficClass:
 
 
 async def read_request(
-    request: Request, path: str, default: TrafficClass, settings: Settings
+    request: Request, path: str, default: TrafficClass, caller: Caller
 ) -> ChatRequest:
     """Read and check the client's request (400/403 on what is wrong with it)."""
     body = read_completion(await read_json(request), path)
-    return describe(body, path, traffic_class(request, default, settings))
+    return describe(body, path, traffic_class(request, default, caller))

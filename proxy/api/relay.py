@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 
 from proxy.admission import Admission, Admitted
-from proxy.api.prompts import PromptCount, PromptCounter
+from proxy.api.prompts import PromptCounter
 from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
+from proxy.api.ticket import Ticket
 from proxy.clock import Clock
 from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
 from proxy.metrics import ProxyMetrics
-from proxy.openai.request import ChatRequest
 
 Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
 """Where :meth:`Relay.pump` passes the events, one read's (at most :data:`BATCH`) at a
@@ -55,19 +55,8 @@ class Services:
     timeouts: ReadTimeouts = ReadTimeouts()
 
 
-@dataclass(frozen=True)
-class Ticket:
-    """One request on its way: its job id, what it asked, when it came, its size."""
-
-    id: str
-    req: ChatRequest
-    arrival: float
-    count: PromptCount
-
-
 @dataclass
 class RelayStats:
-    first_token_at: float | None = None
     last_token_at: float | None = None
     usage: dict[str, Any] | None = None
     engine_error: dict[str, Any] | None = None
@@ -85,7 +74,7 @@ class Relay:
         first: AnswerWait | None = None,
     ) -> None:
         """``chunks``: the response's raw chunks where a first one was read already
-        (an abortable job's, :mod:`proxy.api.aborts`); else ``response``'s own.
+        (an abortable job's, :mod:`proxy.api.abort_windows`); else ``response``'s own.
         ``first``: the watch on the engine's first chunk
         (:meth:`~proxy.engines.EngineMonitor.awaiting`), which the engine's ejection
         cuts short."""
@@ -185,7 +174,6 @@ class Relay:
         last = self.stats.last_token_at
         self.stats.last_token_at = now
         if last is None:
-            self.stats.first_token_at = now
             self._ttft.observe(now - self.ticket.arrival)
             self._prefill.observe(now - self.admitted.dispatched_at)
             admission.first_token(self.ticket.id)

@@ -16,13 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.api.auth import KeyGuard
+from proxy.api.auth import KeyCheck
 from proxy.api.docs import Health, ModelList, Readiness, completion_route_docs, error_responses
 from proxy.api.error_handlers import install_error_handlers
-from proxy.api.guard import Guard
-from proxy.api.inputs import check_api_key
+from proxy.api.intake import Intake
 from proxy.api.methods import HeadAsGet
-from proxy.api.pieces import PieceChoice
+from proxy.api.piece_sender import PieceChoice
 from proxy.api.state import StateOf
 from proxy.api.status import install_status_route
 from proxy.api.turn import install_turn_routes
@@ -37,9 +36,9 @@ def install_api(
     gives the paths whose bodies may be larger than ``max_body_bytes`` (the Files
     API's uploads) their own limit."""
     install_error_handlers(app)
-    app.add_middleware(KeyGuard, settings=settings)
+    app.add_middleware(KeyCheck, settings=settings)
     app.add_middleware(
-        Guard,
+        Intake,
         max_body_bytes=settings.max_body_bytes,
         path_limits=path_limits,
         body_timeout_s=settings.body_timeout_s,
@@ -54,12 +53,10 @@ def install_api(
 
 def _turn_routes(app: FastAPI, state_of: StateOf) -> None:
     def piece_choices(request: Request, limit: int) -> list[PieceChoice]:
-        pieces = state_of(request).forwarder.pieces
-        return [] if pieces is None else pieces.choices(limit)
+        return state_of(request).forwarder.piece_sender.choices(limit)
 
     def piece_facts(request: Request) -> dict[str, dict[str, object]] | None:
-        pieces = state_of(request).forwarder.pieces
-        return None if pieces is None else pieces.report()
+        return state_of(request).forwarder.piece_sender.report()
 
     def ledger_state(request: Request) -> dict[str, Any] | None:
         shared = state_of(request).shared
@@ -102,8 +99,7 @@ def _read_routes(app: FastAPI, state_of: StateOf) -> None:
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401))
     @app.get("/batch/v1/models", response_model=ModelList, responses=error_responses(401))
     async def models(request: Request) -> JSONResponse:
-        state = state_of(request)
-        check_api_key(request, state.settings)
+        state = state_of(request)  # the key was checked as the request came in (KeyCheck)
         data = [
             {"id": m, "object": "model", "created": state.created, "owned_by": "whoseturn"}
             for m in state.admission.models()

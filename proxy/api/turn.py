@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
-from proxy.api.pieces import PieceChoice
+from proxy.api.piece_sender import PieceChoice
 from proxy.openai.line_ids import job_line
 from proxy.scheduler import Abort
 from proxy.scheduler.budget import BudgetChange
@@ -55,7 +55,7 @@ def turn_body(
     ledger: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
-    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.pieces`); with
+    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.piece_sender`); with
     ``replica``, the name of the proxy process that answers (with several workers or
     replicas, each answers with its own view); with ``ledger``, the shared ledger's
     state (:meth:`proxy.replicas.SharedBudget.report`; ``down_since`` added while it

@@ -6,9 +6,9 @@ line through the scheduler as batch-class work.
   (several replicas share the jobs).
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
 - :mod:`proxy.batch.health`: the store's outages noticed, answered fast, waited out.
-- :mod:`proxy.batch.runner`: drives every active job; its metrics.
+- :mod:`proxy.batch.runner`: drives every active job, and counts it in the metrics.
 - :mod:`proxy.batch.estimate`: when a job will be done, from recent throughput.
-- :mod:`proxy.batch.view`: the active jobs on ``/metrics`` and ``/status``.
+- :mod:`proxy.batch.view`: the active jobs as ``/metrics`` and ``/status`` show them.
 - :mod:`proxy.batch.routes`: the HTTP routes.
 """
 
@@ -19,14 +19,15 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from proxy.batch.health import GuardedStore, HealthCollector
+from proxy.batch.health import GuardedStore
 from proxy.batch.routes import BatchAPI, install_batch_routes
-from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
+from proxy.batch.runner import BatchRunner, Complete, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import BatchStore
-from proxy.batch.view import EstimateCollector
+from proxy.batch.view import deadlines
 from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
 
@@ -81,12 +82,11 @@ async def build_batch(
     runner = BatchRunner(
         store,
         complete,
-        BatchMetrics(metrics.registry, metrics.batch_records),
+        metrics.batch,
         limits,
         time.time,
         models_known,
         owner=f"{socket.gethostname()}-{os.getpid()}",
     )
-    metrics.registry.register(EstimateCollector(runner))
-    metrics.registry.register(HealthCollector(store.health))
+    metrics.batch.attach(store.health, partial(deadlines, runner))
     return BatchAPI(settings, store, runner)

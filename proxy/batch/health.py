@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from proxy.batch.store import (
     BatchRecord,
@@ -292,9 +290,6 @@ class GuardedStore:
         else:
             await held.__aexit__(None, None, None)
 
-    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
-        return await self._long(lambda: self.inner.create_batch(new, lines))
-
     async def add_batch(self, new: NewBatch) -> BatchRecord:
         return await self._quick(lambda: self.inner.add_batch(new))
 
@@ -318,9 +313,6 @@ class GuardedStore:
 
     async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
         return await self._quick(lambda: self.inner.set_status(batch_id, status, only_from))
-
-    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
-        return await self._quick(lambda: self.inner.pending_lines(batch_id, after, limit))
 
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float
@@ -346,23 +338,3 @@ class GuardedStore:
         """A backend's own extras (SQLite's ``file_path``, PostgreSQL's
         ``schema_version``), for tests and tools."""
         return getattr(self.inner, name)
-
-
-class HealthCollector(Collector):
-    """``whoseturn_batch_store_up`` (1 or 0) and ``whoseturn_batch_store_outages_total``,
-    read from the health as it stands at each scrape."""
-
-    def __init__(self, health: StoreHealth) -> None:
-        self.health = health
-
-    def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "whoseturn_batch_store_up", "Whether the batch store answers (1) or not (0)"
-        )
-        up.add_metric([], 1.0 if self.health.up else 0.0)
-        yield up
-        outages = CounterMetricFamily(
-            "whoseturn_batch_store_outages", "Batch store outages since the proxy started"
-        )
-        outages.add_metric([], float(self.health.outages))
-        yield outages

@@ -300,23 +300,6 @@ class PostgresStore:
 
     # -- batches ------------------------------------------------------------------
 
-    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
-        now = self._stamp()
-        async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(
-                "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
-                "status, created_at, expires_at, metadata, times) "
-                "VALUES (%s, %s, %s, %s, 'in_progress', %s, %s, %s, %s)",
-                (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
-                 now + new.window_s, Jsonb(dict(new.metadata)) if new.metadata else None,
-                 Jsonb({"in_progress_at": now})),
-            )  # fmt: skip
-            total = await _copy_lines(conn, new.id, lines)
-            await conn.execute("UPDATE batches SET total = %s WHERE id = %s", (total, new.id))
-        found = await self.get_batch(new.id)
-        assert found is not None
-        return found
-
     async def add_batch(self, new: NewBatch) -> BatchRecord:
         now = self._stamp()
         await self._count(
@@ -407,14 +390,6 @@ class PostgresStore:
         return dict(await self._all("SELECT status, COUNT(*) FROM batches GROUP BY status"))
 
     # -- lines --------------------------------------------------------------------
-
-    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
-        sql = (
-            "SELECT idx, custom_id, body FROM lines WHERE batch_id = %s AND idx > %s "
-            "AND result IS NULL ORDER BY idx LIMIT %s"
-        )
-        rows = await self._all(sql, (batch_id, after, limit))
-        return [PendingLine(i, c, json.loads(b)) for i, c, b in rows]
 
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float

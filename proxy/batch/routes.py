@@ -1,6 +1,7 @@
 """The Files API (purpose ``batch``) and the Batch API, OpenAI's routes and shapes.
 
-Every route checks the API key as the completion routes do. Creating a batch
+Every route is behind the API key as the completion routes are (the key is checked
+as a request comes in, :class:`proxy.api.auth.KeyCheck`). Creating a batch
 checks the request, the input file's record and every line of the file, as a stream
 (400 naming the first bad line; nothing is stored); the job is then stored
 ``validating`` and the runner reads its lines into the store (a line it still
@@ -24,7 +25,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from proxy.api.inputs import check_api_key
 from proxy.batch.health import GuardedStore, StoreDown
 from proxy.batch.lines import check_file
 from proxy.batch.runner import BatchRunner
@@ -57,7 +57,7 @@ FORM_SLACK_BYTES = 64 * 1024  # multipart framing and the other fields
 
 @dataclass
 class BatchAPI:
-    """What the routes need: the settings (keys, limits), the store and the runner."""
+    """What the routes need: the settings (limits), the store and the runner."""
 
     settings: Settings
     store: GuardedStore
@@ -71,7 +71,6 @@ def _api(request: Request, get: Getter) -> BatchAPI:
     api = get(request)
     if api is None:
         raise batch_api_off()
-    check_api_key(request, api.settings)
     return api
 
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.batch.estimate import Estimate, Throughput
 from proxy.batch.health import MAX_BACKOFF_S, StoreDown
@@ -48,6 +47,7 @@ from proxy.batch.store import (
     LineResult,
     PendingLine,
 )
+from proxy.metrics import BatchMetrics
 from proxy.openai.line_ids import job_id
 from proxy.openai.request import ChatRequest
 
@@ -68,37 +68,6 @@ class RunnerLimits:
 
 
 EXPIRED = "This request could not be executed before the completion window expired."
-
-
-class BatchMetrics:
-    """``whoseturn_batch_jobs{status}`` and ``whoseturn_batch_tokens_total{kind}``
-    (registered here) and ``whoseturn_batch_records_total{status}`` (the proxy's
-    metrics own it)."""
-
-    def __init__(self, registry: CollectorRegistry, records: Counter) -> None:
-        self.jobs = Gauge(
-            "whoseturn_batch_jobs", "Batch jobs by status", ["status"], registry=registry
-        )
-        self.tokens = Counter(
-            "whoseturn_batch_tokens",
-            "Tokens of batch job lines (engine usage)",
-            ["kind"],
-            registry=registry,
-        )
-        for kind in ("prompt", "completion"):
-            self.tokens.labels(kind)
-        self.records = records
-
-    def set_jobs(self, counts: dict[str, int]) -> None:
-        for status in STATUSES:
-            self.jobs.labels(status).set(counts.get(status, 0))
-
-    def count(self, result: LineResult) -> None:
-        if result.quality:
-            self.records.labels(result.quality).inc()
-        self.records.labels("completed" if result.ok else "failed").inc()
-        self.tokens.labels("prompt").inc(result.prompt_tokens)
-        self.tokens.labels("completion").inc(result.completion_tokens)
 
 
 class _Run:
@@ -156,7 +125,8 @@ class BatchRunner:
                     if batch.id not in self._runs:
                         self._runs[batch.id] = None
                         group.start_soon(self._job, batch.id)
-                self.metrics.set_jobs(await self._persist(self.store.count_by_status))
+                counts = await self._persist(self.store.count_by_status)
+                self.metrics.set_jobs({s: counts.get(s, 0) for s in STATUSES})
                 await anyio.sleep(self.limits.poll_s)
 
     async def _persist(self, call: Callable[[], Awaitable[T]]) -> T:

@@ -195,27 +195,6 @@ class SQLiteStore:
 
     # -- batches ------------------------------------------------------------------
 
-    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
-        now = self._stamp()
-
-        def create(db: sqlite3.Connection) -> None:
-            with _tx(db):
-                db.execute(
-                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
-                    "status, created_at, expires_at, metadata, times) "
-                    "VALUES (?, ?, ?, ?, 'in_progress', ?, ?, ?, ?)",
-                    (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
-                     now + new.window_s, json.dumps(new.metadata) if new.metadata else None,
-                     json.dumps({"in_progress_at": now})),
-                )  # fmt: skip
-                total = _insert_lines(db, new.id, lines)
-                db.execute("UPDATE batches SET total = ? WHERE id = ?", (total, new.id))
-
-        await self._run(create)
-        found = await self.get_batch(new.id)
-        assert found is not None
-        return found
-
     async def add_batch(self, new: NewBatch) -> BatchRecord:
         now = self._stamp()
 
@@ -323,16 +302,6 @@ class SQLiteStore:
         return dict(await self._run(rows))
 
     # -- lines --------------------------------------------------------------------
-
-    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
-        def rows(db: sqlite3.Connection) -> list[Any]:
-            sql = (
-                "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? AND idx > ? "
-                "AND result IS NULL ORDER BY idx LIMIT ?"
-            )
-            return db.execute(sql, (batch_id, after, limit)).fetchall()
-
-        return [PendingLine(i, c, json.loads(b)) for i, c, b in await self._run(rows)]
 
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float

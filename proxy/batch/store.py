@@ -5,8 +5,6 @@ batch jobs (status, timestamps, counts) and each job's lines (the request body,
 and once run, the one output or error line recorded for it). The guarantees the
 runner builds *exactly once* on:
 
-- :meth:`BatchStore.create_batch` stores a job and all its lines in one
-  transaction, or nothing (a bad line raises :class:`LineError`).
 - :meth:`BatchStore.record` stores a line's result and the job's counts in one
   transaction, only if the line had no result yet; it says whether it did.
 - :meth:`BatchStore.fill_batch` stores a ``validating`` job's lines and moves it
@@ -154,10 +152,6 @@ class BatchStore(Protocol):
         :class:`OSError` where the file is gone)."""
         ...
 
-    async def create_batch(self, new: NewBatch, lines: Iterator[LineSpec]) -> BatchRecord:
-        """Store the job and its lines; raises :class:`LineError` (nothing stored)."""
-        ...
-
     async def add_batch(self, new: NewBatch) -> BatchRecord:
         """Store the job alone, ``validating``: its lines come with :meth:`fill_batch`."""
         ...
@@ -181,10 +175,6 @@ class BatchStore(Protocol):
     async def active_batches(self) -> list[BatchRecord]: ...
     async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
         """Move the job to ``status`` (stamping ``<status>_at``) if it is in ``only_from``."""
-        ...
-
-    async def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
-        """Up to ``limit`` lines without a result, positions above ``after``, in order."""
         ...
 
     async def claim(

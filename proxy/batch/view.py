@@ -8,13 +8,9 @@ runner's throughput. Reads: nothing changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from proxy.batch.runner import BatchRunner
 from proxy.batch.store import BatchRecord, Json
+from proxy.metrics import Deadline
 
 
 def job_row(runner: BatchRunner, batch: BatchRecord) -> Json:
@@ -46,28 +42,13 @@ async def jobs_body(runner: BatchRunner | None) -> Json:
     return {"enabled": True, "jobs": [job_row(runner, b) for b in active]}
 
 
-class EstimateCollector(Collector):
-    """``whoseturn_batch_estimated_completion_timestamp_seconds{batch}`` and
-    ``whoseturn_batch_expires_timestamp_seconds{batch}`` for each active job (a
-    job with no estimate yet has only the second)."""
-
-    def __init__(self, runner: BatchRunner) -> None:
-        self.runner = runner
-
-    def collect(self) -> Iterator[Metric]:
-        eta = GaugeMetricFamily(
-            "whoseturn_batch_estimated_completion_timestamp_seconds",
-            "When an active batch job is estimated to be done (epoch seconds)",
-            labels=["batch"],
-        )
-        expires = GaugeMetricFamily(
-            "whoseturn_batch_expires_timestamp_seconds",
-            "When an active batch job's completion window ends (epoch seconds)",
-            labels=["batch"],
-        )
-        for batch in self.runner.active:
-            expires.add_metric([batch.id], batch.expires_at)
-            estimate = self.runner.estimate(batch)
-            if estimate is not None and estimate.estimated_completion_at is not None:
-                eta.add_metric([batch.id], estimate.estimated_completion_at)
-        yield from (eta, expires)
+def deadlines(runner: BatchRunner) -> list[Deadline]:
+    """Each active job's completion window and estimate (None where not measured
+    yet), for ``whoseturn_batch_expires_timestamp_seconds`` and
+    ``whoseturn_batch_estimated_completion_timestamp_seconds``."""
+    out = []
+    for batch in runner.active:
+        estimate = runner.estimate(batch)
+        eta = estimate.estimated_completion_at if estimate is not None else None
+        out.append(Deadline(batch.id, batch.expires_at, eta))
+    return out

@@ -69,10 +69,6 @@ class EngineDiscovery:
         self.leaving: set[str] = set()
         self.failures = 0
 
-    def joined(self) -> list[EngineConfig]:
-        """The engines found so far, group by group, by address."""
-        return [c for found in self.engines.values() for c in found.values()]
-
     async def resolve_once(self) -> None:
         """Look every group up once, and join, drain and forget engines to match."""
         for group in self.groups:

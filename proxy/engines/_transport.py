@@ -46,9 +46,8 @@ import httptools
 import httpx
 
 HIGH_WATER = 1 << 20
-"""Unread body bytes at which a connection stops reading from its socket."""
-LOW_WATER = 1 << 16
-"""...and resumes once the reader has taken the backlog below this."""
+"""Unread body bytes at which a connection stops reading from its socket (it resumes
+once the reader has taken the backlog, :meth:`_Connection.take`)."""
 MAX_IDLE = 4096
 """Idle keep-alive connections kept per origin; more are closed."""
 IDLE_EXPIRY_S = 4.0

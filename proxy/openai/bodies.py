@@ -21,7 +21,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -273,7 +273,6 @@ def _is_union_branch(part: Any) -> bool:
 # -- the Batch API ----------------------------------------------------------------------
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 WINDOW_UNIT_S = {"h": 3600, "m": 60, "s": 1}
 MAX_WINDOW_S = 8760 * 3600
 """The longest ``completion_window``: ``8760h``, a year (OpenAI takes ``24h`` only)."""

@@ -5,7 +5,6 @@ The scheduler takes the engines' settings as the config loader makes them
 (:class:`proxy.config.EngineConfig`, :class:`proxy.config.BudgetConfig`).
 """
 
-from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler.budget import BudgetController
 from proxy.scheduler.core import Scheduler, SchedulerSettings, UnknownModel
 from proxy.scheduler.state import EngineLoad, EngineState, HoldRules, ReplicaLoad
@@ -23,20 +22,14 @@ from proxy.scheduler.types import (
     Turn,
 )
 
-# The names the test bench and older callers use for the same two classes.
-EngineSettings = EngineConfig
-BudgetSettings = BudgetConfig
-
 __all__ = [
     "BATCH_PRIORITY",
     "INTERACTIVE_PRIORITY",
     "Abort",
     "BudgetController",
-    "BudgetSettings",
     "Decision",
     "Dispatch",
     "EngineLoad",
-    "EngineSettings",
     "EngineState",
     "HeldReason",
     "HoldRules",

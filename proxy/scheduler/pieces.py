@@ -92,15 +92,6 @@ def next_piece(total: int, done: int, size: int, block: int, index: int = 1) -> 
     return Piece(index, end, done, final=False)
 
 
-def plan(total: int, size: int, block: int) -> list[Piece]:
-    """Every piece of a ``total``-token prompt at a fixed ``size`` (the final last)."""
-    pieces = [next_piece(total, 0, size, block)]
-    while not pieces[-1].final:
-        last = pieces[-1]
-        pieces.append(next_piece(total, last.end, size, block, last.index + 1))
-    return pieces
-
-
 PIECE_DEPTH = 2
 """Pieces in prefill at once on one engine: the next piece waits in the engine while
 one runs, so the engine never idles for the proxy's round trip between pieces. While

@@ -116,7 +116,7 @@ class EngineState:
         self._count = dict.fromkeys(TrafficClass, 0)  # jobs in flight
         self._chats_in_prefill: dict[str, Job] = {}
         self.last_chat_at: float | None = None  # when a chat was last dispatched here
-        # every interactive stream's gaps here, as they end (the piecer reads the
+        # every interactive stream's gaps here, as they end (the piece sender reads the
         # widest while a piece ran, to tell whether the engine cut it)
         self.stream_gaps = SlidingWindow(STREAM_GAPS_SPAN_S)
         self.piece_depth = PIECE_DEPTH  # pieces in prefill at once (scheduler.pieces)
@@ -190,9 +190,6 @@ class EngineState:
 
     def count(self, cls: TrafficClass | None = None) -> int:
         return len(self.inflight) if cls is None else self._count[cls]
-
-    def interactive_in_prefill(self) -> bool:
-        return bool(self._chats_in_prefill)
 
     def chats_in_prefill(self) -> list[Job]:
         """The interactive jobs in prefill here, in the order they were sent."""

@@ -34,17 +34,13 @@ from playwright.sync_api import Page, Route
 from proxy.admission import Admission
 from proxy.api.status import install_status_route
 from proxy.api.turn import history_body, log_body, turn_body
-from proxy.batch.runner import BatchMetrics, BatchRunner, Complete, RunnerLimits
+from proxy.batch.runner import BatchRunner, Complete, RunnerLimits
 from proxy.batch.store import BatchRecord, BatchStore
 from proxy.batch.view import job_row
 from proxy.clock import VirtualClock
-from proxy.scheduler import (
-    BudgetSettings,
-    EngineSettings,
-    Job,
-    Scheduler,
-    TrafficClass,
-)
+from proxy.config import BudgetConfig, EngineConfig
+from proxy.metrics import BatchMetrics
+from proxy.scheduler import Job, Scheduler, TrafficClass
 from tests.support import MODEL
 from tests.support.processes import (
     LOOPBACK,
@@ -296,9 +292,9 @@ def scripted_scheduler() -> tuple[Scheduler, VirtualClock]:
     """Four engines, one model each: ``a`` interactive (batch held while chat waits),
     ``b`` batch (held by the prefill budget), ``c`` down, ``d`` idle."""
     clock = VirtualClock(1000.0)
-    budget = BudgetSettings(initial_tokens=4096, min_tokens=512, max_tokens=65536)
+    budget = BudgetConfig(initial_tokens=4096, min_tokens=512, max_tokens=65536)
     engines = [
-        EngineSettings(name=f"engine-{n}", models=frozenset({n}), budget=budget) for n in "abcd"
+        EngineConfig(name=f"engine-{n}", models=frozenset({n}), budget=budget) for n in "abcd"
     ]
     scheduler = Scheduler(engines, clock)
     ids = iter(range(1000))
@@ -425,7 +421,7 @@ def open_page_on(page: Page, scheduler: Scheduler) -> None:
 
 def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
     clock = VirtualClock(1000.0)
-    engine = EngineSettings(name="engine-a", models=frozenset({"a"}))
+    engine = EngineConfig(name="engine-a", models=frozenset({"a"}))
     scheduler = Scheduler([engine], clock)
     scheduler.submit(
         Job(id="doc", cls=TrafficClass.BATCH, model="a", prompt_tokens=100, arrival=1000.0)
@@ -464,7 +460,7 @@ def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path)
     """A minute of chat beside batch, its first tokens slow: the budget is cut to
     its floor, and the page says which signal cut it and ties the red TTFT to it."""
     clock = VirtualClock(1000.0)
-    engine = EngineSettings(name="engine-a", models=frozenset({"a"}), batch_max_inflight=8)
+    engine = EngineConfig(name="engine-a", models=frozenset({"a"}), batch_max_inflight=8)
     scheduler = Scheduler([engine], clock)
     ids = iter(range(10**6))
 

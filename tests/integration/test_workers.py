@@ -35,6 +35,7 @@ from tests.support.processes import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 REPLICAS = {"t-w0", "t-w1"}
+DRAIN_LOG = "proxy.process.uvicorn_server: draining"  # a worker's drain begins
 
 
 def worker_pids(parent: int) -> list[int]:
@@ -90,7 +91,7 @@ def test_two_workers_share_one_port_and_the_ledger_and_drain_on_sigterm(
         child.process.send_signal(signal.SIGTERM)
         assert child.process.wait(60) == 0, child.tail()
         log = child.log.read_text()
-    assert "w0 proxy.serve: draining" in log and "w1 proxy.serve: draining" in log
+    assert f"w0 {DRAIN_LOG}" in log and f"w1 {DRAIN_LOG}" in log
     assert ledger_replicas(postgres_db) == set(), "a worker did not stop cleanly"
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=5)
 
@@ -105,7 +106,7 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_fails(
         assert child.process.wait(60) == 1, child.tail()
         log = child.log.read_text()
     assert f"(pid {victim}) exited with status -9; stopping the others" in log
-    assert log.count("proxy.serve: draining") == 1, "the other worker was not drained"
+    assert log.count(DRAIN_LOG) == 1, "the other worker was not drained"
     wait_for(lambda: not Path(f"/proc/{other}").exists(), timeout=5)
 
 
@@ -121,4 +122,4 @@ def test_workers_drain_when_their_parent_is_killed(
         child.process.wait(10)
         wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout=30)
         log = child.log.read_text()
-    assert log.count("proxy.serve: draining") == 2, "the workers were killed, not drained"
+    assert log.count(DRAIN_LOG) == 2, "the workers were killed, not drained"

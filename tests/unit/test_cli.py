@@ -26,7 +26,7 @@ from proxy.config import (
     load_settings,
     settings_from_dict,
 )
-from proxy.workers import worker_ids
+from proxy.process.workers import worker_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,7 +208,7 @@ def test_bench_commands_take_their_arguments_untouched() -> None:
 
 
 class Runner:
-    """Stands in for ``proxy.serve.serve``: records what it was asked to serve."""
+    """Stands in for ``proxy.process.run``: records what it was asked to serve."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []

@@ -251,7 +251,7 @@ def create_sim_app(settings: SimSettings) -> FastAPI:
     return app
 
 
-def serve(settings: SimSettings) -> int:
+def run_sim_server(settings: SimSettings) -> int:
     """Run the server until interrupted; returns the process exit code.
 
     Ctrl-C (SIGINT) drains open requests for up to 5 s and returns 0. On SIGTERM

@@ -4,6 +4,7 @@ constant time."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -98,6 +99,30 @@ def test_every_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
     calls.clear()
     assert auth.find_key(settings, "sk-user-é") is None  # non-ASCII: no TypeError
     assert len(calls) == len(KEYS)
+
+
+async def test_the_key_is_checked_once_per_request(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A chat request, a read and a Batch API route each compare the caller's key with
+    every configured key once: as the request comes in, not again on its way."""
+    compared: list[bytes] = []
+    real = auth.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    engines = FakeEngines()
+    config = engines.settings(api_keys=KEYS, batch_store_path=str(tmp_path / "b.db"))
+    async with running(config, engines) as (client, _):
+        for method, path in [("POST", CHAT), ("GET", "/v1/models"), ("GET", "/v1/batches")]:
+            compared.clear()
+            body = BODY if method == "POST" else None
+            response = await client.request(method, path, json=body, headers=bearer(USER))
+            assert response.status_code == 200, (path, response.text)
+            assert len(compared) == len(KEYS), (path, len(compared))
 
 
 CLASS_KEYS = (

@@ -1,4 +1,5 @@
-"""What the proxy reads from a request: its JSON, class, conversation, size, wishes."""
+"""What the proxy reads from a request: its JSON, class, conversation, size, wishes;
+and who sent it (the key check, :mod:`proxy.api.auth`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from fastapi import Request
 from starlette.types import Message
 
-from proxy.api.inputs import CLASS_HEADER, api_key, check_api_key, read_json, traffic_class
+from proxy.api.auth import Caller, bearer_token, check_key
+from proxy.api.inputs import CLASS_HEADER, read_json, traffic_class
 from proxy.api.prompts import TokenEstimator
 from proxy.config import EngineConfig, Settings
 from proxy.openai.errors import APIError
@@ -33,6 +35,22 @@ def settings(**fields: Any) -> Settings:
 
 def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+def checked(settings: Settings, **headers: str) -> Caller | APIError:
+    """The key check of a chat request with ``headers``."""
+    return check_key(settings, request(**headers).scope)
+
+
+def caller(settings: Settings, **headers: str) -> Caller:
+    found = checked(settings, **headers)
+    assert isinstance(found, Caller), found
+    return found
+
+
+def classed(default: TrafficClass, s: Settings, **headers: str) -> TrafficClass:
+    """The class of a chat request with ``headers`` to a route of class ``default``."""
+    return traffic_class(request(**headers), default, caller(s, **headers))
 
 
 # -- read_json ------------------------------------------------------------------------
@@ -103,50 +121,50 @@ async def test_nesting_just_under_the_limit_is_read() -> None:
     ],
 )
 def test_api_key(header: str, key: str | None) -> None:
-    assert api_key(request(authorization=header)) == key
+    assert bearer_token(request(authorization=header).headers.raw) == key
 
 
 def test_api_keys_enforced_only_when_configured() -> None:
-    check_api_key(request(), settings())
+    assert caller(settings()) == Caller(None, True)
     keyed = settings(api_keys=("k1", "k2"))
-    check_api_key(request(**bearer("k2")), keyed)
+    assert caller(keyed, **bearer("k2")).key is not None
     for headers in ({}, bearer("nope")):
-        with pytest.raises(APIError) as caught:
-            check_api_key(request(**headers), keyed)
-        assert caught.value.status == 401
-        assert caught.value.err_type == "authentication_error"
+        refused = checked(keyed, **headers)
+        assert isinstance(refused, APIError)
+        assert refused.status == 401
+        assert refused.err_type == "authentication_error"
 
 
 def test_class_is_the_routes_without_the_header() -> None:
     for allowed in (True, False, ("k1",)):
-        assert traffic_class(request(), B, settings(class_override=allowed)) is B
+        assert classed(B, settings(class_override=allowed)) is B
 
 
 @pytest.mark.parametrize("value", ["batch", " Batch ", "BATCH"])
 def test_header_overrides_when_allowed(value: str) -> None:
-    assert traffic_class(request(**{CLASS_HEADER: value}), I, settings()) is B
+    assert classed(I, settings(), **{CLASS_HEADER: value}) is B
 
 
 def test_header_refused_when_override_is_off() -> None:
     with pytest.raises(APIError) as caught:
-        traffic_class(request(**{CLASS_HEADER: "batch"}), I, settings(class_override=False))
+        classed(I, settings(class_override=False), **{CLASS_HEADER: "batch"})
     assert caught.value.status == 403
     assert caught.value.err_type == "permission_error"
 
 
 def test_header_allowed_only_for_listed_keys() -> None:
     s = settings(class_override=("k1",))
-    assert traffic_class(request(**{CLASS_HEADER: "batch"}, **bearer("k1")), I, s) is B
-    assert traffic_class(request(**{CLASS_HEADER: "interactive"}, **bearer("k1")), B, s) is I
+    assert classed(I, s, **{CLASS_HEADER: "batch"}, **bearer("k1")) is B
+    assert classed(B, s, **{CLASS_HEADER: "interactive"}, **bearer("k1")) is I
     for headers in ({}, bearer("k2")):
         with pytest.raises(APIError) as caught:
-            traffic_class(request(**{CLASS_HEADER: "batch"}, **headers), I, s)
+            classed(I, s, **{CLASS_HEADER: "batch"}, **headers)
         assert caught.value.status == 403
 
 
 def test_unknown_class_is_a_bad_request() -> None:
     with pytest.raises(APIError) as caught:
-        traffic_class(request(**{CLASS_HEADER: "urgent"}), I, settings())
+        classed(I, settings(), **{CLASS_HEADER: "urgent"})
     assert caught.value.status == 400
     assert "interactive" in caught.value.message and "batch" in caught.value.message
 

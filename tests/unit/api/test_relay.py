@@ -11,8 +11,9 @@ import pytest
 
 from proxy.admission import Admission, Admitted
 from proxy.api.prompts import PromptCount, PromptCounter
-from proxy.api.relay import BATCH, Relay, Services, Ticket
+from proxy.api.relay import BATCH, Relay, Services
 from proxy.api.sse import SSEEvent
+from proxy.api.ticket import Ticket
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
 from proxy.engines import EnginePool

@@ -8,7 +8,7 @@ import anyio
 import httpx
 import pytest
 
-from proxy.api.guard import sane_request_id
+from proxy.api.request_ids import sane_request_id
 
 from .helpers import (
     CHAT,

@@ -2,9 +2,11 @@
 
 - The header read timeout and the cap on incomplete connections, on a real uvicorn
   server configured as ``whoseturn serve`` configures it
-  (:func:`proxy.serve.server_config`) around a small echo app, over bare sockets.
-- The body read timeout and the budget of bodies in flight in
-  :class:`~proxy.api.guard.Guard`, on the socket and through ``httpx.ASGITransport``.
+  (:func:`proxy.process.uvicorn_server.uvicorn_config`) around a small echo app, over
+  bare sockets.
+- The body read timeout and the budget of bodies in flight
+  (:mod:`~proxy.api.body_limits`, in :class:`~proxy.api.intake.Intake`), on the
+  socket and through ``httpx.ASGITransport``.
 - :class:`~proxy.api.inflight.MemoryReturn`: the garbage of a large body is collected
   once such bodies stop ending.
 - The settings: defaults, environment, validation.
@@ -31,7 +33,6 @@ import uvicorn
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.guard import Guard
 from proxy.api.inflight import (
     LARGE_BODY_BYTES,
     SMALL_BODY_BYTES,
@@ -39,9 +40,10 @@ from proxy.api.inflight import (
     MemoryReturn,
     glibc_malloc_trim,
 )
-from proxy.api.slow_clients import IncompleteConnections
+from proxy.api.intake import Intake
 from proxy.config import ConfigError, Settings, load_settings, settings_from_dict
-from proxy.serve import server_config
+from proxy.process.slow_clients import IncompleteConnections
+from proxy.process.uvicorn_server import uvicorn_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,14 +68,14 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def guarded(app: ASGIApp = echo, **options: Any) -> Guard:
-    return Guard(app, max_body_bytes=1 << 20, **options)
+def guarded(app: ASGIApp = echo, **options: Any) -> Intake:
+    return Intake(app, max_body_bytes=1 << 20, **options)
 
 
 @contextmanager
 def serving(app: ASGIApp, **settings: Any) -> Iterator[int]:
     """Serve ``app`` as ``whoseturn serve`` would under ``settings``; yields the port."""
-    config = server_config(app, settings_from_dict({"engines": [ENGINE], **settings}), "warning")
+    config = uvicorn_config(app, settings_from_dict({"engines": [ENGINE], **settings}), "warning")
     config.lifespan = "off"
     server = uvicorn.Server(config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -309,7 +311,7 @@ async def test_a_body_the_budget_cannot_take_is_503_with_retry_after() -> None:
     ) as client:
         first = asyncio.create_task(client.post("/v1/chat/completions", content=LARGE))
         await gate.inside.wait()
-        assert guard.bodies is not None and guard.bodies.held == len(LARGE)
+        assert guard.limits.bodies is not None and guard.limits.bodies.held == len(LARGE)
         refused = await client.post("/v1/chat/completions", content=LARGE)
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "1"
@@ -317,7 +319,7 @@ async def test_a_body_the_budget_cannot_take_is_503_with_retry_after() -> None:
         gate.open.set()
         assert (await first).status_code == 200
         assert (await client.post("/v1/chat/completions", content=LARGE)).status_code == 200
-    assert guard.bodies.held == 0
+    assert guard.limits.bodies.held == 0
 
 
 @pytest.mark.anyio
@@ -331,8 +333,9 @@ async def test_a_small_body_is_never_refused_by_the_budget() -> None:
         first = asyncio.create_task(client.post("/v1/chat/completions", content=LARGE))
         await gate.inside.wait()
         second = asyncio.create_task(client.post("/v1/chat/completions", content=small))
+        bodies = guard.limits.bodies
         for _ in range(100):
-            if guard.bodies is not None and guard.bodies.held == len(LARGE) + len(small):
+            if bodies is not None and bodies.held == len(LARGE) + len(small):
                 break  # counted, beyond the limit
             await asyncio.sleep(0.01)
         gate.open.set()
@@ -357,13 +360,13 @@ async def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_budg
         assert refused.status_code == 503 and "retry-after" in refused.headers
         gate.open.set()
         await first
-    assert guard.bodies is not None and guard.bodies.held == 0
+    assert guard.limits.bodies is not None and guard.limits.bodies.held == 0
 
 
 @pytest.mark.anyio
 async def test_uploads_under_their_own_limit_are_not_counted() -> None:
     gate = Gate()
-    guard = Guard(
+    guard = Intake(
         gate,
         max_body_bytes=LIMIT,
         path_limits={"/v1/files": 4 * LIMIT},
@@ -374,7 +377,7 @@ async def test_uploads_under_their_own_limit_are_not_counted() -> None:
     ) as client:
         upload = asyncio.create_task(client.post("/v1/files", content=b"u" * (2 * LIMIT)))
         await gate.inside.wait()
-        assert guard.bodies is not None and guard.bodies.held == 0
+        assert guard.limits.bodies is not None and guard.limits.bodies.held == 0
         gate.open.set()
         assert (await upload).status_code == 200
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from proxy.batch.lines import check_file, check_line, read_lines
-from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
+from proxy.batch.runner import BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import LineError, NewBatch
+from proxy.metrics import BatchMetrics
 from tests.unit.api.test_hardening import BAD_BODIES, applies, bad_raw
 from tests.unit.batch.test_runner import Engine
 
@@ -197,8 +197,7 @@ async def test_the_runner_fails_a_job_whose_line_is_bad_and_sends_nothing(
     uploaded = await store.add_file("batch", "in.jsonl", spool)
     await store.add_batch(NewBatch("batch_1", CHAT, uploaded.id, "24h", 86400, None))
     engine = Engine({})
-    registry = CollectorRegistry()
-    metrics = BatchMetrics(registry, Counter("records", "r", ["status"], registry=registry))
+    metrics = BatchMetrics()
     limits = RunnerLimits(poll_s=0.01, max_line_bytes=4096)
     runner = BatchRunner(store, engine.complete, metrics, limits, lambda: 0, lambda: True)
     with anyio.fail_after(10):

@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from proxy.batch.lines import read_lines
-from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
+from proxy.batch.runner import BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
+from proxy.metrics import BatchMetrics
 from proxy.openai.line_ids import job_id, job_line
 from proxy.openai.request import ChatRequest
 
@@ -58,12 +58,10 @@ async def run_job(
 ) -> SQLiteStore:
     store = SQLiteStore(tmp_path / "b.db", lambda: 0.0)
     await store.open()
-    new = NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None)
-    await store.create_batch(new, read_lines(io.BytesIO(jsonl(lines)), CHAT, 10_000))
-    registry = CollectorRegistry()
-    records = Counter("records", "r", ["status"], registry=registry)
+    await store.add_batch(NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None))
+    await store.fill_batch("batch_1", read_lines(io.BytesIO(jsonl(lines)), CHAT, 10_000))
     limits = RunnerLimits(window=window, max_attempts=3, backoff_s=0.001, poll_s=0.01)
-    metrics = BatchMetrics(registry, records)
+    metrics = BatchMetrics()
     runner = BatchRunner(store, engine.complete, metrics, limits, lambda: 0, known)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
@@ -140,10 +138,8 @@ async def drive_until(
 
 
 def bare_runner(store: SQLiteStore, complete: Any, clock: Any = lambda: 0.0) -> BatchRunner:
-    registry = CollectorRegistry()
-    records = Counter("records", "r", ["status"], registry=registry)
     limits = RunnerLimits(window=4, max_attempts=1, backoff_s=0.001, poll_s=0.01, max_lines=5)
-    return BatchRunner(store, complete, BatchMetrics(registry, records), limits, clock)
+    return BatchRunner(store, complete, BatchMetrics(), limits, clock)
 
 
 async def upload(store: SQLiteStore, tmp_path: Path, data: bytes) -> str:
@@ -247,13 +243,11 @@ async def test_two_runners_on_postgres_share_a_job_and_run_each_line_once(
     stores = [PostgresStore(postgres_db, lambda: 0.0, pool_size=4) for _ in range(2)]
     for s in stores:
         await s.open()
-    new = NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None)
-    await stores[0].create_batch(new, read_lines(io.BytesIO(jsonl(300)), CHAT, 10_000))
-    registry = CollectorRegistry()
-    records = Counter("records", "r", ["status"], registry=registry)
+    await stores[0].add_batch(NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None))
+    await stores[0].fill_batch("batch_1", read_lines(io.BytesIO(jsonl(300)), CHAT, 10_000))
     limits = RunnerLimits(window=4, max_attempts=3, backoff_s=0.001, poll_s=0.01, lease_s=5)
     runners = [
-        BatchRunner(s, engine.complete, BatchMetrics(CollectorRegistry(), records), limits,
+        BatchRunner(s, engine.complete, BatchMetrics(), limits,
                     lambda: 0, owner=f"replica-{i}")
         for i, s in enumerate(stores)
     ]  # fmt: skip

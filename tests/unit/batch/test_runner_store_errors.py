@@ -18,14 +18,14 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from proxy.batch.health import GuardedStore, StoreDown
-from proxy.batch.runner import BatchMetrics, BatchRunner, RunnerLimits
+from proxy.batch.runner import BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
 from proxy.clock import WallClock
 from proxy.config import EngineConfig, Settings
+from proxy.metrics import BatchMetrics
 from proxy.openai.request import ChatRequest
 from proxy.server import build, shutdown
 from tests.unit.batch.test_runner import CHAT, OK, jsonl
@@ -111,11 +111,9 @@ async def test_a_store_raising_once_in_each_method_still_completes_every_job(
     for job in jobs:
         await store.add_batch(NewBatch(job, CHAT, file_id, "24h", 86400, None))
     flaky.armed = True
-    registry = CollectorRegistry()
-    records = Counter("records", "r", ["status"], registry=registry)
     limits = RunnerLimits(window=4, max_attempts=1, backoff_s=0.001, poll_s=0.01, lease_s=0.3)
     engine = Engine()
-    runner = BatchRunner(store, engine.complete, BatchMetrics(registry, records), limits, time.time)
+    runner = BatchRunner(store, engine.complete, BatchMetrics(), limits, time.time)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as group:
             group.start_soon(store.watch)

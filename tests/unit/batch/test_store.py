@@ -51,8 +51,8 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 async def new_job(store: BatchStore, n: int, batch_id: str = "batch_1") -> None:
-    new = NewBatch(batch_id, CHAT, "file-x", "24h", 86400, None)
-    await store.create_batch(new, read_lines(io.BytesIO(jsonl(n)), CHAT, 1000))
+    await store.add_batch(NewBatch(batch_id, CHAT, "file-x", "24h", 86400, None))
+    await store.fill_batch(batch_id, read_lines(io.BytesIO(jsonl(n)), CHAT, 1000))
 
 
 async def content(store: BatchStore, file_id: str | None) -> str:
@@ -118,8 +118,7 @@ async def test_a_line_is_recorded_once(store: BatchStore) -> None:
     assert not await store.record("batch_1", 2, LineResult(False, "{}"))
     batch = await store.get_batch("batch_1")
     assert batch is not None and (batch.total, batch.completed, batch.failed) == (3, 1, 0)
-    assert [p.idx for p in await store.pending_lines("batch_1", 0, 10)] == [1, 3]
-    assert [p.idx for p in await store.pending_lines("batch_1", 1, 1)] == [3]
+    assert [p.idx for p in await store.claim("batch_1", "a", 10, 30)] == [1, 3]
 
 
 async def test_records_at_once_are_each_stored_once(store: BatchStore) -> None:
@@ -143,12 +142,14 @@ async def test_records_at_once_are_each_stored_once(store: BatchStore) -> None:
     assert await store.claim("batch_1", "a", 100, 30) == []
 
 
-async def test_a_bad_job_stores_nothing(store: BatchStore) -> None:
+async def test_a_repeated_custom_id_stores_no_lines(store: BatchStore) -> None:
+    await store.add_batch(NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None))
     bad = jsonl(2) + b"\n" + jsonl(1)  # c0 again on line 4 (after a blank one)
-    new = NewBatch("batch_2", CHAT, "file-x", "24h", 86400, None)
     with pytest.raises(LineError, match="Line 4: duplicate custom_id `c0`"):
-        await store.create_batch(new, read_lines(io.BytesIO(bad), CHAT, 1000))
-    assert await store.get_batch("batch_2") is None
+        await store.fill_batch("batch_2", read_lines(io.BytesIO(bad), CHAT, 1000))
+    still = await store.get_batch("batch_2")
+    assert still is not None and (still.status, still.total) == ("validating", 0)
+    assert await store.claim("batch_2", "a", 10, 30) == []
 
 
 async def test_a_job_is_validating_until_its_lines_are_stored(store: BatchStore) -> None:
@@ -160,17 +161,17 @@ async def test_a_job_is_validating_until_its_lines_are_stored(store: BatchStore)
         await store.fill_batch("batch_3", read_lines(io.BytesIO(bad), CHAT, 1000))
     still = await store.get_batch("batch_3")
     assert still is not None and (still.status, still.total) == ("validating", 0)
-    assert await store.pending_lines("batch_3", 0, 10) == []
+    assert await store.claim("batch_3", "a", 10, 30) == []
     filled = await store.fill_batch("batch_3", read_lines(io.BytesIO(jsonl(4)), CHAT, 1000))
     assert (filled.status, filled.total, filled.times["in_progress_at"]) == ("in_progress", 4, 1000)
-    assert [p.idx for p in await store.pending_lines("batch_3", 0, 10)] == [1, 2, 3, 4]
+    assert [p.idx for p in await store.claim("batch_3", "a", 10, 30)] == [1, 2, 3, 4]
 
 
 async def test_expiry_records_an_error_line_for_each_line_left(store: BatchStore) -> None:
     await new_job(store, 3)
     await store.record("batch_1", 2, LineResult(True, '{"custom_id": "c1"}'))
     assert await store.expire_pending("batch_1", lambda c: LineResult(False, c)) == 2
-    assert await store.pending_lines("batch_1", 0, 10) == []
+    assert await store.claim("batch_1", "a", 10, 30) == []
     done = await store.finalize("batch_1", "expired")
     assert (done.completed, done.failed, done.status) == (1, 2, "expired")
     assert done.error_file_id is not None and done.times["expired_at"] == 1000

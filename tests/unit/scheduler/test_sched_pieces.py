@@ -25,12 +25,20 @@ from proxy.scheduler.pieces import (
     next_piece,
     pace_s,
     piece_size,
-    plan,
 )
 
 from .helpers import B, I, check_accounting, check_turns, engine, job, make, sent, submit
 
 # -- the plan --------------------------------------------------------------------
+
+
+def plan(total: int, size: int, block: int) -> list[Piece]:
+    """Every piece of a ``total``-token prompt at a fixed ``size`` (the final last)."""
+    pieces = [next_piece(total, 0, size, block)]
+    while not pieces[-1].final:
+        last = pieces[-1]
+        pieces.append(next_piece(total, last.end, size, block, last.index + 1))
+    return pieces
 
 
 @pytest.mark.parametrize(

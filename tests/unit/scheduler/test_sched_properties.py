@@ -320,7 +320,7 @@ def check_dispatches(
                 event("batch beside other prefill")
             # no interactive job queued for the engine or in prefill on it
             assert not queued_for(s, e, I)
-            assert not e.interactive_in_prefill()
+            assert not e.chats_in_prefill()
             batch[d.engine] += 1
         prefill[d.engine] += j.prompt_tokens
         inflight[d.engine] += 1
@@ -382,7 +382,7 @@ def check_work_conserving(s: Scheduler) -> None:
         if queued_for(s, e, B):
             # held for a stated reason, or admissible on a budget that grew just now
             assert e.held_reason is not None or grew_now, e.name
-            if e.interactive_in_prefill() and not queued_for(s, e, I):
+            if e.chats_in_prefill() and not queued_for(s, e, I):
                 event("batch held for interactive prefill")
 
 

@@ -21,7 +21,8 @@ from loadtests.sim.replay import (
     ttft_percentiles,
 )
 from loadtests.sim.settings import scheduler_config
-from proxy.scheduler import EngineSettings, TrafficClass
+from proxy.config import EngineConfig
+from proxy.scheduler import TrafficClass
 
 INTERACTIVE, BATCH = TrafficClass.INTERACTIVE, TrafficClass.BATCH
 PROFILE = load_profile("vllm-cpu-tiny")
@@ -183,7 +184,7 @@ def test_a_request_beyond_max_model_len_is_rejected() -> None:
 
 
 def test_a_proxy_engine_that_does_not_serve_the_model_is_rejected() -> None:
-    other = EngineSettings(name="engine-0", models=frozenset({"other"}))
+    other = EngineConfig(name="engine-0", models=frozenset({"other"}))
     arm = ReplayArm(name="proxy", config=PROXY.config, through_proxy=True, proxy_engine=other)
     with pytest.raises(ValueError, match="does not serve"):
         replay([request("x", 0.0, INTERACTIVE, 10, 1)], arm, COST, model="tiny")

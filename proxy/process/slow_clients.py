@@ -19,9 +19,9 @@ as it likes. :func:`http_protocol` gives the server a subclass of uvicorn's
   otherwise lock every other client out, while a real client's request arrives within
   milliseconds and is never the oldest for long.
 
-The body read timeout lives in :class:`~proxy.api.guard.Guard` (it answers 408 while
+The body read timeout lives in :mod:`~proxy.api.body_limits` (it answers 408 while
 the application reads the body). Only the httptools protocol is covered; the proxy
-always serves with it (:func:`proxy.serve.run_server`).
+always serves with it (:func:`proxy.process.uvicorn_server.uvicorn_config`).
 """
 
 from __future__ import annotations

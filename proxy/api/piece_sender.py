@@ -1,21 +1,22 @@
-"""The I/O of piecing: a long batch prompt prefilled as requests over growing prefixes.
+"""Sending pieces upstream: a long batch prompt prefilled as requests over growing
+prefixes (the I/O of piecing).
 
 The arithmetic, the choice and the per-engine facts are pure
 (:mod:`proxy.scheduler.pieces`); this module does what needs the network, for
 :class:`proxy.api.forward.Forwarder`:
 
-- :meth:`Piecer.discover`: each engine's ``vllm:cache_config_info`` (prefix caching
+- :meth:`PieceSender.discover`: each engine's ``vllm:cache_config_info`` (prefix caching
   on or off, the block size) decides whether it may piece at all, and is logged
   for the operator.
-- :meth:`Piecer.pieceable`: a batch request whose prompt is longer than one piece,
+- :meth:`PieceSender.pieceable`: a batch request whose prompt is longer than one piece,
   counted exactly, for a model whose up engines may piece.
-- :meth:`Piecer.choose`: whether a prompt sent to an engine now goes in pieces:
+- :meth:`PieceSender.choose`: whether a prompt sent to an engine now goes in pieces:
   decided ahead, while chat is live or expected there (the scheduler's
   :class:`~proxy.scheduler.pieces.ChatSigns`), not after chat missed its aim. The
   edge asks again once the scheduler names the engine, so chat that arrives while a
   prompt waits in the proxy turns piecing on for it, and a prompt whose first piece
   lands on an engine that chunks itself goes whole.
-- :meth:`Piecer.prefill`: the prompt is tokenized to its ids by the engine
+- :meth:`PieceSender.prefill`: the prompt is tokenized to its ids by the engine
   (``/tokenize``; with ``messages`` through the chat template, so the client's own
   request later finds the same tokens in the cache); each piece is sent as token
   ids to ``/v1/completions`` with ``max_tokens: 1`` (the answer is discarded) and
@@ -49,14 +50,14 @@ from typing import Any
 
 import anyio
 import httpx
-from prometheus_client import CollectorRegistry, Counter
 
 from proxy.admission import Admission, Admitted
-from proxy.api.relay import Ticket
 from proxy.api.sse import SSEReader
+from proxy.api.ticket import Ticket
 from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.engines import EngineClient, EnginePool, UpstreamError
+from proxy.metrics import PieceMetrics
 from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.pieces import (
     ADVICE,
@@ -76,51 +77,6 @@ from proxy.scheduler.pieces import (
 logger = logging.getLogger(__name__)
 PIECE_TIMEOUT_S = 120.0
 CHOICES_KEPT = 200  # whole-or-pieces choices kept for /turn/log
-
-
-class PieceMetrics:
-    """``whoseturn_prefill_pieces_total{engine}`` and its companions."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.pieces = Counter(
-            "whoseturn_prefill_pieces",
-            "Prefix pieces of long batch prompts sent to an engine",
-            ["engine"],
-            registry=registry,
-        )
-        self.prompts = Counter(
-            "whoseturn_prefill_pieced_prompts",
-            "Batch prompts sent whole after their pieces (the real request)",
-            ["engine"],
-            registry=registry,
-        )
-        self.fallbacks = Counter(
-            "whoseturn_prefill_piece_fallbacks",
-            "Pieced prompts sent whole early: the cache did not hold, or a piece failed",
-            ["engine", "reason"],
-            registry=registry,
-        )
-        self.aborts = Counter(
-            "whoseturn_batch_aborts",
-            "Batch requests aborted in prefill on an engine for a chat, to be requeued",
-            ["engine"],
-            registry=registry,
-        )
-        self.requeues = Counter(
-            "whoseturn_batch_requeues",
-            "Batch requests sent again to an engine after an abort",
-            ["engine"],
-            registry=registry,
-        )
-
-    def add(self, name: str) -> None:
-        """Export engine ``name``'s series at zero from the start."""
-        self.pieces.labels(name)
-        self.prompts.labels(name)
-        self.aborts.labels(name)
-        self.requeues.labels(name)
-        for reason in ("cache_miss", "piece_failed"):
-            self.fallbacks.labels(name, reason)
 
 
 @dataclass(frozen=True)
@@ -152,14 +108,18 @@ class Final:
     piece: int
 
 
-class Piecer:
+class PieceSender:
+    """The edge's side of piecing (the module docstring): one per proxy, the request
+    path's (:class:`~proxy.api.forward.Forwarder`), told of engines joining and
+    leaving."""
+
     def __init__(
         self,
         engines: list[EngineConfig],
         pool: EnginePool,
         admission: Admission,
         clock: Clock,
-        registry: CollectorRegistry,
+        metrics: PieceMetrics,
         target_s: float,
         idle_target_s: float,
     ) -> None:
@@ -171,7 +131,7 @@ class Piecer:
         self.board: dict[str, EnginePieces] = {}
         self._discovered: set[str] = set()
         self._choices: deque[PieceChoice] = deque(maxlen=CHOICES_KEPT)
-        self.metrics = PieceMetrics(registry)
+        self.metrics = metrics
         for config in engines:
             if not config.by_dns:
                 self.add(config)
@@ -263,7 +223,7 @@ class Piecer:
         """Whether a long batch prompt sent to ``engine`` now goes in pieces (a read)."""
         facts = self.board.get(engine)
         if facts is None:
-            return Choice(False, "not an engine the piecer knows")
+            return Choice(False, "not an engine the piece sender knows")
         return facts.choose(self.clock.now(), self.admission.chat_signs(engine))
 
     def _chose(self, ticket: Ticket, engine: str, choice: Choice) -> None:
@@ -303,7 +263,7 @@ class Piecer:
     def _engines_for(self, ticket: Ticket) -> list[str] | None:
         """The up engines ``ticket``'s prompt would go to, if it may be pieced at all:
         a batch request whose tokens were counted exactly, on engines all known to
-        the piecer (not one that left, or not yet told to it); None otherwise."""
+        the piece sender (not one that left, or not yet told to it); None otherwise."""
         req = ticket.req
         if not self.active or req.cls is not TrafficClass.BATCH or ticket.count.estimated:
             return None

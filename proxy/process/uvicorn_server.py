@@ -1,4 +1,4 @@
-"""``whoseturn serve``: the proxy on uvicorn, with a graceful drain.
+"""One proxy process: the app on uvicorn, with a graceful drain.
 
 On SIGTERM (or SIGINT):
 
@@ -11,12 +11,9 @@ On SIGTERM (or SIGINT):
    with the reason;
 4. the process exits with status 0.
 
-Connections are served by :func:`proxy.api.slow_clients.http_protocol`: uvicorn's
+Connections are served by :func:`proxy.process.slow_clients.http_protocol`: uvicorn's
 httptools protocol with a header read timeout and a cap on connections held
 incomplete (``header_timeout_s``, ``max_incomplete_connections``).
-
-With ``workers`` above 1 the process is a parent of that many workers, each one
-proxy that drains as above (:mod:`proxy.workers`).
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from proxy.api.slow_clients import ClientLimits, http_protocol
 from proxy.config import Settings
+from proxy.process.slow_clients import ClientLimits, http_protocol
 from proxy.server import ProxyState, create_app
 
 logger = logging.getLogger(__name__)
@@ -92,7 +89,7 @@ requests per CPU second against 595-776 with the default, and no full collection
 a young collection then takes ~11 ms (docs/overhead.md)."""
 
 
-def server_config(app: ASGIApp, settings: Settings, log_level: str = "info") -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, settings: Settings, log_level: str = "info") -> uvicorn.Config:
     """uvicorn's configuration for serving ``app`` under ``settings``: its address, the
     drain's timeout, and connections under the slow-client limits."""
     return uvicorn.Config(
@@ -107,30 +104,19 @@ def server_config(app: ASGIApp, settings: Settings, log_level: str = "info") -> 
 
 
 def client_limits(settings: Settings) -> ClientLimits:
-    """The slow-client limits of the settings (:mod:`proxy.api.slow_clients`)."""
+    """The slow-client limits of the settings (:mod:`proxy.process.slow_clients`)."""
     return ClientLimits(
         header_timeout_s=settings.header_timeout_s,
         max_incomplete=settings.max_incomplete_connections,
     )
 
 
-def serve(settings: Settings, log_level: str = "info") -> int:
-    """Run the proxy until SIGTERM or SIGINT, then drain; the exit status. With
-    ``settings.workers`` above 1, as that many worker processes
-    (:func:`proxy.workers.serve_workers`)."""
-    if settings.workers > 1:
-        from proxy.workers import serve_workers
-
-        return serve_workers(settings, log_level)
-    return run_server(settings, log_level)
-
-
-def run_server(
+def run_uvicorn(
     settings: Settings, log_level: str = "info", sockets: list[socket.socket] | None = None
 ) -> int:
-    """Build the app (:func:`create_app`) and serve it on ``sockets`` (default: bind
-    ``settings.host``:``settings.port``) until SIGTERM or SIGINT, then drain; 0, or
-    :data:`STARTUP_FAILURE` if the app never started."""
+    """Build the app (:func:`~proxy.server.create_app`) and serve it on ``sockets``
+    (default: bind ``settings.host``:``settings.port``) until SIGTERM or SIGINT, then
+    drain; 0, or :data:`STARTUP_FAILURE` if the app never started."""
     app: FastAPI = create_app(settings)
     gc.set_threshold(*GC_THRESHOLDS)
 
@@ -139,6 +125,6 @@ def run_server(
         if state is not None:
             begin_drain(state)
 
-    server = DrainingServer(server_config(app, settings, log_level), on_drain)
+    server = DrainingServer(uvicorn_config(app, settings, log_level), on_drain)
     server.run(sockets=sockets)
     return 0 if server.started else STARTUP_FAILURE

@@ -20,7 +20,7 @@ from proxy.scheduler import Job, Scheduler, TrafficClass
 from tests.support.polling import wait_until
 
 from .helpers import CHAT, MESSAGES, Call, chat_events, completion_events
-from .test_pieces import TOKENS, CachingEngines, facts, running
+from .test_piece_sender import TOKENS, CachingEngines, facts, running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 

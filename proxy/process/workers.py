@@ -6,8 +6,9 @@ One Python process relays on one core (docs/overhead.md, "Several cores"). With
 - It binds the listening socket once, then starts N worker processes
   (multiprocessing's ``spawn``: fresh interpreters, none of the parent's threads
   or state) and hands each the socket. Each worker builds its own app
-  (:func:`proxy.serve.run_server`, which calls ``create_app``) after it starts and
-  accepts on that one socket: the kernel gives each new connection to one worker.
+  (:func:`proxy.process.uvicorn_server.run_uvicorn`, which calls ``create_app``)
+  after it starts and accepts on that one socket: the kernel gives each new
+  connection to one worker.
   This is what uvicorn's own ``--workers`` does. Why not ``SO_REUSEPORT`` (every
   worker binding the port itself): the address is bound once, so a port in use
   stops the start before any worker runs, and no other process of the same user
@@ -24,8 +25,8 @@ One Python process relays on one core (docs/overhead.md, "Several cores"). With
   N - 1: the workers share each engine's batch prefill budget through the ledger,
   which is why ``workers`` above 1 needs ``ledger_dsn`` (:mod:`proxy.config`).
 - SIGTERM or SIGINT to the parent: it sends SIGTERM to every worker, each drains
-  as one proxy does (:mod:`proxy.serve`), and the parent exits 0 once all have
-  exited 0.
+  as one proxy does (:mod:`proxy.process.uvicorn_server`), and the parent exits 0
+  once all have exited 0.
 - A worker that exits before the parent was told to stop is logged, the others are
   drained, and the parent exits 1. Workers are not restarted: the simpler correct
   behaviour, and what lets the supervisor (systemd, Kubernetes) see a crash
@@ -52,6 +53,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from proxy.config import Settings
+from proxy.logs import configure_logging
+from proxy.process.uvicorn_server import run_uvicorn
+from proxy.server import default_replica_id
 
 logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -78,11 +82,9 @@ def bind(settings: Settings) -> socket.socket:
     return sock
 
 
-def serve_workers(settings: Settings, log_level: str = "info") -> int:
+def run_workers(settings: Settings, log_level: str = "info") -> int:
     """Run ``settings.workers`` workers on one listening socket until SIGTERM or
     SIGINT, or until one exits; the exit status (0: all drained and exited 0)."""
-    from proxy.server import default_replica_id
-
     try:
         sock = bind(settings)
     except OSError as exc:
@@ -94,7 +96,7 @@ def serve_workers(settings: Settings, log_level: str = "info") -> int:
         for i, replica in enumerate(worker_ids(settings, default_replica_id())):
             mine = replace(settings, replica_id=replica, workers=1)
             process = context.Process(
-                target=run_worker,
+                target=worker_main,
                 args=(mine, log_level, sock, os.getpid(), i),
                 name=f"whoseturn-w{i}",
             )
@@ -148,16 +150,13 @@ def _supervise(workers: list[BaseProcess]) -> int:
         os.close(wake_w)
 
 
-def run_worker(
+def worker_main(
     settings: Settings, log_level: str, sock: socket.socket, parent: int, index: int
 ) -> None:
-    """One worker: the proxy on the parent's ``sock`` (a process's target)."""
+    """One worker process (its target): the proxy on the parent's ``sock``."""
     _die_with(parent)
-    from proxy.cli import configure_logging
-    from proxy.serve import run_server
-
     configure_logging(log_level, tag=f"w{index}")
-    sys.exit(run_server(settings, log_level, sockets=[sock]))
+    sys.exit(run_uvicorn(settings, log_level, sockets=[sock]))
 
 
 def _die_with(parent: int) -> None:

@@ -1,0 +1,160 @@
+"""The limits on request bodies, kept as a body is read:
+
+- a body larger than ``max_body_bytes`` (or the limit ``path_limits`` gives its path:
+  the Files API's uploads) is refused with 413 before it is read in full: at once
+  when ``Content-Length`` says so, else as soon as the bytes received pass the limit
+  (the handler reading the body gets :class:`BodyTooLarge`, an
+  :class:`~proxy.openai.errors.APIError`);
+- no body bytes for ``body_timeout_s`` while the application waits for them: 408,
+  and the connection closed (:class:`BodyTimeout`);
+- the bytes of every body in flight are counted against ``max_body_bytes_in_flight``
+  (:mod:`proxy.api.inflight`), and a body the budget cannot take is refused with 503
+  and ``Retry-After`` (:class:`BodiesBusy`): before it is read when ``Content-Length``
+  says so, else as its chunks arrive. Uploads under ``path_limits`` are not counted:
+  their routes stream them to disk.
+
+:class:`~proxy.api.intake.Intake` opens each request's :class:`BodyRead`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from starlette.types import Message, Receive, Scope
+
+from proxy.api.inflight import BodyBudget, BodyTicket, MemoryReturn, glibc_malloc_trim
+from proxy.openai.errors import APIError
+
+
+class BodyTooLarge(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413,
+            f"The request body is larger than the limit of {limit} bytes.",
+            code="request_too_large",
+        )
+
+
+class BodyTimeout(APIError):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            408,
+            f"No bytes of the request body arrived for {timeout_s:g} s.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
+
+
+BUSY_RETRY_AFTER_S = 1
+
+
+class BodiesBusy(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            503,
+            f"The proxy holds as many request bodies as it may ({limit} bytes in flight, "
+            f"max_body_bytes_in_flight); retry shortly.",
+            err_type="service_unavailable",
+            code=503,
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length``, if it gives a readable one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class BodyLimits:
+    """The app's limits (the module docstring). ``body_timeout_s`` None: no body read
+    timeout; ``max_body_bytes_in_flight`` None: bodies in flight not counted."""
+
+    def __init__(
+        self,
+        *,
+        max_body_bytes: int,
+        path_limits: Mapping[str, int] | None = None,
+        body_timeout_s: float | None = None,
+        max_body_bytes_in_flight: int | None = None,
+    ) -> None:
+        self.limit = max_body_bytes
+        self.path_limits = dict(path_limits or {})
+        self.body_timeout_s = body_timeout_s
+        self.bodies = (
+            None if max_body_bytes_in_flight is None else BodyBudget(max_body_bytes_in_flight)
+        )
+        self.memory = MemoryReturn(
+            collect_after_bytes=max_body_bytes_in_flight or 8 * max_body_bytes,
+            trim=glibc_malloc_trim(),
+        )
+
+    def open(self, scope: Scope) -> BodyRead:
+        """The request's body read under the limits; raises :class:`BodyTooLarge` or
+        :class:`BodiesBusy` (nothing held) where its ``Content-Length`` says so."""
+        limit = self.path_limits.get(scope["path"], self.limit)
+        length = declared_length(scope)
+        if length is not None and length > limit:
+            raise BodyTooLarge(limit)
+        ticket = self._ticket(scope)
+        if ticket is not None and length and not ticket.cover(length):
+            raise BodiesBusy(ticket.budget.limit)
+        return BodyRead(self, limit, ticket)
+
+    def _ticket(self, scope: Scope) -> BodyTicket | None:
+        """The request's reservation in the budget, if its body is counted."""
+        if self.bodies is None or scope["path"] in self.path_limits:
+            return None
+        return self.bodies.ticket()
+
+
+class BodyRead:
+    """One request's body under its ``limit``, its bytes reserved by ``ticket`` (None:
+    not counted); :meth:`close` when the request ends."""
+
+    def __init__(self, limits: BodyLimits, limit: int, ticket: BodyTicket | None) -> None:
+        self.limits = limits
+        self.limit = limit
+        self.ticket = ticket
+
+    def receive(self, receive: Receive) -> Receive:
+        """``receive``, raising :class:`BodyTooLarge` once the body passes the limit,
+        :class:`BodiesBusy` once the budget cannot take it, and :class:`BodyTimeout`
+        when the next piece of the body takes longer than ``body_timeout_s``."""
+        seen = 0
+        complete = False
+        limit, ticket, timeout_s = self.limit, self.ticket, self.limits.body_timeout_s
+
+        async def limited() -> Message:
+            nonlocal seen, complete
+            if complete or timeout_s is None:
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTimeout(timeout_s) from None
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+                if ticket is not None and not ticket.cover(seen):
+                    raise BodiesBusy(ticket.budget.limit)
+            return message
+
+        return limited
+
+    def close(self) -> None:
+        """The request ended: its bytes go back to the budget, its memory to the system."""
+        if self.ticket is not None:
+            held = self.ticket.reserved
+            self.ticket.release()
+            self.limits.memory.body_freed(held)
