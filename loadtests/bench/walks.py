@@ -1,6 +1,7 @@
 """The two walks through the proxy, counted: which modules of ``proxy/`` one chat
-request enters, and one batch line, and how many times (function calls begun, not
-coroutine resumptions). ``docs/architecture.md`` draws them.
+request enters, and one batch line, and how many times (calls begun from another
+module: a call within a module, or a coroutine resumed, is not an entry; a call from
+the framework or the event loop is). ``docs/architecture.md`` draws them.
 
 The proxy runs in-process in front of a fake engine (``httpx.MockTransport``: a
 three-token stream), batch on over SQLite in a temporary folder. Counted: one
@@ -75,7 +76,8 @@ def engine(request: httpx.Request) -> httpx.Response:
 
 @contextmanager
 def counting(counts: Counter[str]) -> Iterator[None]:
-    """Count, per module of ``proxy``, the function calls begun while the block runs."""
+    """Count, per module of ``proxy``, the calls into it from elsewhere while the
+    block runs."""
 
     entered: dict[int, FrameType] = {}  # coroutine and generator frames begun (kept)
 
@@ -89,7 +91,9 @@ def counting(counts: Counter[str]) -> Iterator[None]:
             if id(frame) in entered:
                 return  # a resumption, not a call
             entered[id(frame)] = frame
-        counts[module] += 1
+        caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+        if caller != module:  # entered from outside: a step of the walk
+            counts[module] += 1
 
     previous: Callable[..., Any] | None = sys.getprofile()
     sys.setprofile(profile)
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         chat, batch = asyncio.run(walk(Path(folder) / "b.db"))
     walks = (("one chat request", chat), ("one batch line, created to completed", batch))
     for name, counts in walks:
-        print(f"{name}: {sum(counts.values())} calls in {len(counts)} modules")
+        print(f"{name}: {sum(counts.values())} entries into {len(counts)} modules")
         for module, n in sorted(counts.items(), key=lambda kv: -kv[1]):
             print(f"  {n:6d}  {module}")
     return 0
