@@ -124,22 +124,13 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--host", default=None, metavar="ADDRESS", help="address to listen on (default: 127.0.0.1)"
     )
     serve.add_argument("--port", type=int, default=None, metavar="N", help="port (default: 8080)")
-    serve.add_argument(
-        "--ttft-target",
-        type=float,
-        default=None,
-        dest="ttft_target_s",
-        metavar="SECONDS",
-        help="interactive time-to-first-token target (default: 0.3)",
-    )
-    serve.add_argument(
-        "--gap-target",
-        type=float,
-        default=None,
-        dest="gap_target_s",
-        metavar="SECONDS",
-        help="interactive inter-token gap target (default: 0.1)",
-    )
+    for flag, dest, what in (
+        ("--ttft-target", "ttft_target_s", "time-to-first-token target (default: 0.3)"),
+        ("--gap-target", "gap_target_s", "inter-token gap target (default: 0.1)"),
+    ):
+        serve.add_argument(
+            flag, type=float, default=None, dest=dest, metavar="SECONDS", help=f"interactive {what}"
+        )
     serve.add_argument(
         "--workers",
         type=int,

@@ -436,6 +436,15 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         )
     except TypeError as exc:
         raise ConfigError("settings", str(exc)) from exc
+    _check_serving(settings)
+    _check_edge(settings)
+    _check_sharing(settings)
+    _check_batch(settings)
+    return settings
+
+
+def _check_serving(settings: Settings) -> None:
+    """The port, the health checks, the decision log and the engine timeouts."""
     _check(1 <= settings.port <= 65535, "port", "expected 1..65535")
     _check(
         settings.health_interval_s > 0 and settings.scrape_interval_s > 0,
@@ -453,7 +462,10 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
         "first_byte_timeout_s and idle_timeout_s must be positive",
     )
     _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
-    _check_edge(settings)
+
+
+def _check_sharing(settings: Settings) -> None:
+    """Discovery, the ledger and workers, outlier ejection, how chat and batch share."""
     _check(settings.dns_interval_s > 0, "dns_interval_s", "must be positive")
     _check(
         0 < settings.ledger_interval_s < settings.ledger_lease_s,
@@ -469,8 +481,6 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     _check(settings.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
     _check(settings.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
     _check(settings.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
-    _check_batch(settings)
-    return settings
 
 
 def _check_edge(settings: Settings) -> None:

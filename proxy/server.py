@@ -118,13 +118,13 @@ class Fleet:
     monitor: EngineMonitor
     admission: Admission
     urls: dict[str, str]
-    pieces: PieceSender
+    piece_sender: PieceSender
 
     def join(self, config: EngineConfig) -> None:
         self.pool.add(config)
         self.monitor.add(config.name)
         self.urls[config.name] = config.url
-        self.pieces.add(config)
+        self.piece_sender.add(config)
         self.admission.add_engine(config)
 
     def leave(self, name: str) -> None:
@@ -136,7 +136,7 @@ class Fleet:
         self.monitor.remove(name)
         self.pool.remove(name)
         self.urls.pop(name, None)
-        self.pieces.remove(name)
+        self.piece_sender.remove(name)
         return True
 
 
@@ -182,6 +182,27 @@ def _shared_budget(
     return shared
 
 
+def _scheduler_settings(settings: Settings) -> SchedulerSettings:
+    return SchedulerSettings(
+        decision_log_size=settings.decision_log_size,
+        abort_limit=settings.batch_abort_max,
+        hold=HoldRules(
+            hold_timeout_s=settings.hold_timeout_s, batch_min_share=settings.batch_min_share
+        ),
+    )
+
+
+def _piece_sender(
+    settings: Settings, pool: EnginePool, admission: Admission, clock: Clock, metrics: ProxyMetrics
+) -> PieceSender:
+    """Long prompts sent in pieces, aimed at a share of the chat targets."""
+    aim = settings.engines[0].budget.aim if settings.engines else 0.8
+    return PieceSender(
+        list(settings.engines), pool, admission, clock, metrics.pieces,
+        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
+    )  # fmt: skip
+
+
 async def build(
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None,
@@ -193,27 +214,13 @@ async def build(
     ``resolver`` the DNS and ``ledger`` the shared budget's store (tests)."""
     http = make_http_client(settings, transport)
     pool = EnginePool([c for c in settings.engines if not c.by_dns], http)
-    scheduler = Scheduler(
-        await _engines(settings, pool),
-        clock,
-        SchedulerSettings(
-            decision_log_size=settings.decision_log_size,
-            abort_limit=settings.batch_abort_max,
-            hold=HoldRules(
-                hold_timeout_s=settings.hold_timeout_s, batch_min_share=settings.batch_min_share
-            ),
-        ),
-    )
+    scheduler = Scheduler(await _engines(settings, pool), clock, _scheduler_settings(settings))
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)
     urls = {c.name: c.url for c in settings.engines if not c.by_dns}
     metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
-    aim = settings.engines[0].budget.aim if settings.engines else 0.8
-    pieces = PieceSender(
-        list(settings.engines), pool, admission, clock, metrics.pieces,
-        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
-    )  # fmt: skip
-    fleet = Fleet(pool, monitor, admission, urls, pieces)
+    piece_sender = _piece_sender(settings, pool, admission, clock, metrics)
+    fleet = Fleet(pool, monitor, admission, urls, piece_sender)
     discovery = EngineDiscovery(settings.engines, resolver, fleet)
     await discovery.resolve_once()
     counter = PromptCounter(pool, admission.engines_up_for)
@@ -221,11 +228,11 @@ async def build(
     services = Services(admission, metrics, clock, counter, timeouts)
     replica = settings.replica_id or default_replica_id()
     shared = _shared_budget(settings, admission, pool, ledger, replica)
+    reserve = None
     if shared is not None:
         metrics.ledger.attach(shared)
-    forwarder = Forwarder(
-        settings, pool, monitor, services, pieces, shared.reserve if shared is not None else None
-    )
+        reserve = shared.reserve
+    forwarder = Forwarder(settings, pool, monitor, services, piece_sender, reserve)
     admission.on_abort = forwarder.abort
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from proxy.api.auth import Caller
-from proxy.openai.bodies import BodyError, check_completion, parse_json
+from proxy.openai.bodies import BodyError, check_completion, parse_object
 from proxy.openai.errors import APIError, bad_request
 from proxy.openai.request import ChatRequest, Json, describe
 from proxy.scheduler import TrafficClass
@@ -26,13 +26,7 @@ async def read_json(request: Request) -> Json:
             "The request body must be JSON (Content-Type: application/json).",
             code="unsupported_media_type",
         )
-    try:
-        body = parse_json(await request.body())
-    except BodyError as exc:
-        raise bad_request(exc.message, param=exc.param) from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    return body
+    return parse_object(await request.body())
 
 
 def read_completion(body: Json, path: str) -> Json:

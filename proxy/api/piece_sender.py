@@ -478,12 +478,8 @@ class PieceSender:
         """Why the piece shows the cache did not hold (or cannot show it held);
         None if it held, or if there was nothing to check this time.
 
-        The piece's own ``cached_tokens`` decides where the engine reports them.
-        Otherwise the engine's prefix-cache hit counter must have risen by the
-        tokens answered before the piece was sent; vLLM counts a step's hits when
-        it hands out that step's tokens, so a shortfall is read once more after
-        :data:`HITS_SETTLE_S` before it counts. A ``/metrics`` read that failed,
-        or a counter that went back (the engine restarted), judges nothing."""
+        The piece's own ``cached_tokens`` decides where the engine reports them;
+        otherwise the engine's prefix-cache hit counter (:func:`_hits_check`)."""
         if cached is not None:
             facts.cache_check = CACHED_TOKENS
             return None if cache_held(answered, cached) else _miss(piece, answered, cached)
@@ -496,19 +492,7 @@ class PieceSender:
         if before.unexported:
             return NOT_CHECKABLE
         facts.cache_check = PREFIX_CACHE_HITS
-        for attempt in range(2):
-            if attempt:
-                await anyio.sleep(HITS_SETTLE_S)
-            after = await Hits.read_from(client)
-            if not after.read:
-                return None
-            held = hits_held(answered, before.value, after.value)
-            if held is None:
-                return None if after.value is not None else NOT_CHECKABLE
-            if held:
-                return None
-        assert after.value is not None and before.value is not None
-        return _hits_miss(piece, answered, after.value - before.value)
+        return await _hits_check(client, piece, answered, before)
 
     async def _send(
         self, ticket: Ticket, admitted: Admitted, ids: list[int], started: anyio.Event
@@ -604,6 +588,30 @@ def _miss(piece: Piece, expected: int, cached: int) -> str:
         f"the cache did not hold: piece {piece.index} found {cached} of "
         f"{expected} tokens cached (evicted, or prefix caching off)"
     )
+
+
+async def _hits_check(
+    client: EngineClient, piece: Piece, answered: int, before: Hits
+) -> str | None:
+    """Why the hit counter shows the cache did not hold; None if it held, or if it
+    judges nothing. It must have risen by the tokens answered before the piece was
+    sent; vLLM counts a step's hits when it hands out that step's tokens, so a
+    shortfall is read once more after :data:`HITS_SETTLE_S` before it counts. A
+    ``/metrics`` read that failed, or a counter that went back (the engine
+    restarted), judges nothing."""
+    for attempt in range(2):
+        if attempt:
+            await anyio.sleep(HITS_SETTLE_S)
+        after = await Hits.read_from(client)
+        if not after.read:
+            return None
+        held = hits_held(answered, before.value, after.value)
+        if held is None:
+            return None if after.value is not None else NOT_CHECKABLE
+        if held:
+            return None
+    assert after.value is not None and before.value is not None
+    return _hits_miss(piece, answered, after.value - before.value)
 
 
 def _hits_miss(piece: Piece, expected: int, rose: float) -> str:

@@ -45,31 +45,9 @@ async def build_batch(
     the store is not set (``batch_store_path`` for SQLite, ``batch_dsn`` for
     PostgreSQL). ``models_known``: whether every engine's models are known (the
     runner feeds no line before)."""
-    backend: BatchStore
-    timeout_s: float | None = settings.batch_store_timeout_s
-    if settings.batch_store == "postgres" and settings.batch_dsn:
-        import psycopg  # loads only when used
-
-        from proxy.batch.postgres import PostgresStore
-
-        backend = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
-        outages: tuple[type[BaseException], ...] = (
-            psycopg.OperationalError,
-            psycopg.InterfaceError,
-        )
-    elif settings.batch_store == "sqlite" and settings.batch_store_path:
-        backend = SQLiteStore(Path(settings.batch_store_path), time.time)
-        outages = (sqlite3.OperationalError,)
-        timeout_s = None  # its calls run on a thread, which cannot be cut short
-    else:
+    store = _guarded_store(settings)
+    if store is None:
         return None
-    store = GuardedStore(
-        backend,
-        time.monotonic,
-        timeout_s=timeout_s,
-        outage_errors=outages,
-        open_timeout_s=None if timeout_s is None else OPEN_TIMEOUT_S,
-    )
     await store.open()
     limits = RunnerLimits(
         window=settings.batch_window,
@@ -90,3 +68,33 @@ async def build_batch(
     )
     metrics.batch.attach(store.health, partial(deadlines, runner))
     return BatchAPI(settings, store, runner)
+
+
+def _guarded_store(settings: Settings) -> GuardedStore | None:
+    """The configured backend behind its outage guard (not yet opened); None when
+    no store is set."""
+    backend: BatchStore
+    timeout_s: float | None = settings.batch_store_timeout_s
+    if settings.batch_store == "postgres" and settings.batch_dsn:
+        import psycopg  # loads only when used
+
+        from proxy.batch.postgres import PostgresStore
+
+        backend = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
+        outages: tuple[type[BaseException], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+        )
+    elif settings.batch_store == "sqlite" and settings.batch_store_path:
+        backend = SQLiteStore(Path(settings.batch_store_path), time.time)
+        outages = (sqlite3.OperationalError,)
+        timeout_s = None  # its calls run on a thread, which cannot be cut short
+    else:
+        return None
+    return GuardedStore(
+        backend,
+        time.monotonic,
+        timeout_s=timeout_s,
+        outage_errors=outages,
+        open_timeout_s=None if timeout_s is None else OPEN_TIMEOUT_S,
+    )

@@ -193,16 +193,7 @@ class GuardedStore:
             await self._open_within(self.open_timeout_s or PING_TIMEOUT_S)
             return
         deadline = PING_TIMEOUT_S if self.timeout_s is None else min(PING_TIMEOUT_S, self.timeout_s)
-        scope = anyio.CancelScope(deadline=anyio.current_time() + deadline)
-        try:
-            with scope:
-                await self.inner.ping()
-        except self.outage_errors as exc:
-            self._down(_describe(exc))
-            raise self.health.error() from exc
-        if scope.cancelled_caught:
-            self._down(f"no answer to a ping within {deadline:g} s")
-            raise self.health.error()
+        await self._within(self.inner.ping, deadline, f"no answer to a ping within {deadline:g} s")
         self._back()
 
     async def watch(self) -> None:
@@ -231,17 +222,24 @@ class GuardedStore:
             logger.error("batch store not reachable at start; the proxy starts without it")
 
     async def _open_within(self, timeout_s: float) -> None:
+        await self._within(self.inner.open, timeout_s, f"not open within {timeout_s:g} s")
+        self.opened = True
+        self._back()
+
+    async def _within(
+        self, call: Callable[[], Awaitable[None]], timeout_s: float, late: str
+    ) -> None:
+        """``call`` within ``timeout_s``: an outage error, or no answer by then
+        (``late`` the cause), puts the store down and raises :class:`StoreDown`."""
         with anyio.move_on_after(timeout_s) as scope:
             try:
-                await self.inner.open()
+                await call()
             except self.outage_errors as exc:
                 self._down(_describe(exc))
                 raise self.health.error() from exc
         if scope.cancelled_caught:
-            self._down(f"not open within {timeout_s:g} s")
+            self._down(late)
             raise self.health.error()
-        self.opened = True
-        self._back()
 
     async def close(self) -> None:
         await self.inner.close()

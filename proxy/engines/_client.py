@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import anyio
 import httpx
@@ -43,6 +43,7 @@ from proxy.engines._tokens import DEFAULT_TOKEN_CACHE_SIZE, TokenCountCache, con
 from proxy.scheduler import EngineLoad
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CONTROL_TIMEOUT_S = 5.0
 
@@ -106,26 +107,22 @@ class EngineClient:
 
     async def load(self) -> EngineLoad:
         """The engine's load as its ``GET /metrics`` reports it now."""
-        response = await self._call("GET", "/metrics")
-        try:
-            return parse_load(response.text)
-        except MetricsParseError as exc:
-            raise self._bad("/metrics", exc) from exc
+        return await self._metrics(parse_load)
 
     async def cache_facts(self) -> CacheFacts:
         """Prefix caching and block size as the engine's ``GET /metrics`` says."""
-        response = await self._call("GET", "/metrics")
-        try:
-            return parse_cache_facts(response.text)
-        except MetricsParseError as exc:
-            raise self._bad("/metrics", exc) from exc
+        return await self._metrics(parse_cache_facts)
 
     async def prefix_cache_hits(self) -> float | None:
         """The engine's prefix-cache hits so far, in prompt tokens, as its
         ``GET /metrics`` says (None: it does not export them)."""
+        return await self._metrics(parse_prefix_cache_hits)
+
+    async def _metrics(self, parse: Callable[[str], T]) -> T:
+        """What ``parse`` reads from the engine's ``GET /metrics`` now."""
         response = await self._call("GET", "/metrics")
         try:
-            return parse_prefix_cache_hits(response.text)
+            return parse(response.text)
         except MetricsParseError as exc:
             raise self._bad("/metrics", exc) from exc
 

@@ -133,21 +133,28 @@ def _supervise(workers: list[BaseProcess]) -> int:
             )
         if told:
             logger.warning("%s: draining %d workers", signal.Signals(told[0]).name, len(workers))
-        for worker in workers:
-            if worker.exitcode is None and worker.pid is not None:
-                os.kill(worker.pid, signal.SIGTERM)
-        for worker in workers:
-            worker.join()
-        failed = [w for w in workers if w.exitcode != 0]
-        for worker in failed:
-            if worker not in early:
-                logger.error("worker %s exited with status %s", worker.name, worker.exitcode)
+        failed = _stop_all(workers, early)
         return 0 if told and not early and not failed else 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.close(wake_r)
         os.close(wake_w)
+
+
+def _stop_all(workers: list[BaseProcess], early: list[BaseProcess]) -> bool:
+    """Send SIGTERM to every worker still running and wait for them all; whether
+    any exited with a status other than 0 (logged, but for ``early``: already)."""
+    for worker in workers:
+        if worker.exitcode is None and worker.pid is not None:
+            os.kill(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        worker.join()
+    failed = [w for w in workers if w.exitcode != 0]
+    for worker in failed:
+        if worker not in early:
+            logger.error("worker %s exited with status %s", worker.name, worker.exitcode)
+    return bool(failed)
 
 
 def worker_main(

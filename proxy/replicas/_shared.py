@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.admission import Admission
-from proxy.replicas._ledger import Ledger, LedgerError
+from proxy.replicas._ledger import Ledger, LedgerError, Verdict
 from proxy.scheduler import ReplicaLoad, Reservation
 
 logger = logging.getLogger(__name__)
@@ -201,20 +201,7 @@ class SharedBudget:
             reservation = self.admission.reservation(job_id)
             if reservation is None:
                 return True  # unreachable: only a cancel takes it out, and ends the caller
-            url = self.url_of(reservation.engine)
-            verdict = None
-            if url is None:
-                logger.debug("engine %s is gone: %s is queued again", reservation.engine, job_id)
-            else:
-                started = self.clock()
-                if absent := self._absent.get(reservation.engine, 0):
-                    reservation = replace(reservation, budget=reservation.budget - absent)
-                try:
-                    verdict = await self.ledger.reserve(url, reservation)
-                except LedgerError as exc:
-                    self._failed("reserve", exc, started)
-                else:
-                    self._answered(rejoin=False)
+            verdict = await self._ask_ledger(job_id, reservation)
             if verdict is not None and verdict.granted:
                 self.admission.mark_reserved(job_id)
                 return True
@@ -229,6 +216,24 @@ class SharedBudget:
         logger.debug("ledger refused %s on %s", job_id, reservation.engine)
         self.admission.put_back(job_id, self._counted(reservation.engine, verdict.others))
         return False
+
+    async def _ask_ledger(self, job_id: str, reservation: Reservation) -> Verdict | None:
+        """The ledger's verdict on ``reservation`` (less the tokens held for replicas
+        not back); None if its engine is gone or the ledger failed."""
+        url = self.url_of(reservation.engine)
+        if url is None:
+            logger.debug("engine %s is gone: %s is queued again", reservation.engine, job_id)
+            return None
+        started = self.clock()
+        if absent := self._absent.get(reservation.engine, 0):
+            reservation = replace(reservation, budget=reservation.budget - absent)
+        try:
+            verdict = await self.ledger.reserve(url, reservation)
+        except LedgerError as exc:
+            self._failed("reserve", exc, started)
+            return None
+        self._answered(rejoin=False)
+        return verdict
 
     def local_share(self, engine: str) -> LocalShare:
         """``engine``'s local budget, as it stands now (used while the ledger is down)."""

@@ -129,6 +129,10 @@ class Scheduler:
         self._least: dict[str, LeastRank] = {}
         self._ranked: dict[str, tuple[int, int, str]] = {}
         self._index_models()
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        """The state the passes keep by hand between events, each as it starts."""
         # engines whose held reason is None (open to their first batch job, if any)
         self._unheld: set[str] = set(self.engines)
         # the hold last logged for each queued job: a reason is logged once, when it
@@ -309,25 +313,29 @@ class Scheduler:
             job = queue.earliest_first(live)
             assert job is not None  # a model stays live while it has a chat queued
             model = job.model
-            engines = self._by_model.get(model, [])
-            names = self._names_by_model.get(model, frozenset())
-            preferred = self.affinity.get(job.affinity)
-            slack = self.settings.affinity_slack_tokens
-            if engines and (len(takes) == len(self.engines) or names <= takes):
-                # every engine of the model takes a chat: the least rank is indexed
-                other = self.engines[preferred] if preferred in names else None
-                engine = with_affinity(self._least[model].least(), other, job, slack)
-            else:
-                ready = [e for e in engines if e.name in takes]
-                if not ready:
-                    self._hold_chats(now, model, engines)
-                    del live[model]
-                    continue
-                engine = pick_engine(ready, job, preferred, slack)
+            engine = self._chat_engine(job, takes)
+            if engine is None:
+                self._hold_chats(now, model, self._by_model.get(model, []))
+                del live[model]
+                continue
             out.append(self._send(now, job, engine))
             if queue.first_of_model(model) is None:
                 del live[model]
         return out
+
+    def _chat_engine(self, job: Job, takes: set[str]) -> EngineState | None:
+        """The engine for ``job`` among those of its model that take a chat now
+        (``takes``); None if none does."""
+        engines = self._by_model.get(job.model, [])
+        names = self._names_by_model.get(job.model, frozenset())
+        preferred = self.affinity.get(job.affinity)
+        slack = self.settings.affinity_slack_tokens
+        if engines and (len(takes) == len(self.engines) or names <= takes):
+            # every engine of the model takes a chat: the least rank is indexed
+            other = self.engines[preferred] if preferred in names else None
+            return with_affinity(self._least[job.model].least(), other, job, slack)
+        ready = [e for e in engines if e.name in takes]
+        return pick_engine(ready, job, preferred, slack) if ready else None
 
     def _hold_chats(self, now: float, model: str, engines: list[EngineState]) -> None:
         """No engine of ``model`` takes a chat: hold every chat queued for it, for
@@ -377,49 +385,19 @@ class Scheduler:
         blocked: set[str] = set()
         queue = self.queues[TrafficClass.BATCH]
         kept = dict.fromkeys(queue.models(), 0)
-        dirty = self._dirty
         while kept:
-            job: Job | None = None
-            model = ""
-            for m in list(kept):
-                nxt = queue.nth_of_model(m, kept[m])
-                if nxt is None:
-                    del kept[m]
-                elif job is None or queue.seq(nxt) < queue.seq(job):
-                    job, model = nxt, m
-            if job is None:
+            picked = _earliest_kept(queue, kept)
+            if picked is None:
                 break
+            job, model = picked
             excluded = job.excluded
-            engines = self._by_model.get(model, ())
-            if blocked or excluded:
-                first = next(
-                    (e for e in engines if e.name not in blocked and e.name not in excluded),
-                    None,
-                )
-            else:
-                first = engines[0] if engines else None
+            first = self._first_unblocked(model, blocked, excluded)
             if first is None:
                 kept[model] += 1
                 if not excluded:
                     del kept[model]  # every engine serving the model is blocked
                 continue
-            # the candidates are the model's engines neither blocked nor excluded; of
-            # those, only marked ones and ones whose turn holds nothing may be open
-            names = self._names_by_model[model]
-            asked = (dirty & names) | (self._unheld & names)
-            asked -= blocked
-            asked -= excluded
-            reason = first.held_reason  # why the first refuses, if it is not asked
-            best: EngineState | None = None  # the open engine of least rank
-            for n in asked:
-                e, r = self.engines[n], None
-                if n in dirty:
-                    r = e.batch_refusal(job)
-                    self._refused[n] = (job, r)
-                if e is first:
-                    reason = r
-                if r is None and (best is None or e.rank < best.rank):
-                    best = e
+            best, reason = self._ask_batch(job, model, first, blocked)
             if best is not None:
                 out.append(self._send(now, job, best))
                 continue
@@ -429,8 +407,47 @@ class Scheduler:
             if not excluded:
                 del kept[model]
             if kept:  # (the last model read: no job is left for the engines it blocks)
+                names = self._names_by_model[model]
                 blocked |= names - excluded if excluded else names
         return out
+
+    def _first_unblocked(
+        self, model: str, blocked: set[str], excluded: set[str]
+    ) -> EngineState | None:
+        """The first engine serving ``model`` neither blocked nor excluded."""
+        engines = self._by_model.get(model, ())
+        if blocked or excluded:
+            return next(
+                (e for e in engines if e.name not in blocked and e.name not in excluded), None
+            )
+        return engines[0] if engines else None
+
+    def _ask_batch(
+        self, job: Job, model: str, first: EngineState, blocked: set[str]
+    ) -> tuple[EngineState | None, HeldReason | None]:
+        """Of the engines of ``model`` asked about ``job``, the open one of least rank
+        (None: none is open); and why ``first`` refuses it (its turn's reason if not
+        asked). A marked engine's refusal is kept for the turn at the event's end.
+
+        The candidates are the model's engines neither blocked nor excluded; of
+        those, only marked ones and ones whose turn holds nothing may be open."""
+        dirty = self._dirty
+        names = self._names_by_model[model]
+        asked = (dirty & names) | (self._unheld & names)
+        asked -= blocked
+        asked -= job.excluded
+        reason = first.held_reason
+        best: EngineState | None = None
+        for n in asked:
+            e, r = self.engines[n], None
+            if n in dirty:
+                r = e.batch_refusal(job)
+                self._refused[n] = (job, r)
+            if e is first:
+                reason = r
+            if r is None and (best is None or e.rank < best.rank):
+                best = e
+        return best, reason
 
     def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:
         self._unqueue(job)
@@ -838,6 +855,20 @@ class Scheduler:
         if engine.holds_for_interactive():
             return Turn.INTERACTIVE, None
         return (Turn.BATCH if engine.count(TrafficClass.BATCH) else Turn.IDLE), None
+
+
+def _earliest_kept(queue: JobQueue, kept: dict[str, int]) -> tuple[Job, str] | None:
+    """The earliest job of all models' lines past the jobs ``kept`` in each, and its
+    model; a model with no job left past them is dropped from ``kept``."""
+    job: Job | None = None
+    model = ""
+    for m in list(kept):
+        nxt = queue.nth_of_model(m, kept[m])
+        if nxt is None:
+            del kept[m]
+        elif job is None or queue.seq(nxt) < queue.seq(job):
+            job, model = nxt, m
+    return None if job is None else (job, model)
 
 
 def _chat_held(engines: Iterable[EngineState]) -> HeldReason:
