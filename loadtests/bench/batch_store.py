@@ -49,6 +49,7 @@ from loadtests.support.postgres import fresh_database, postgres_cluster
 from proxy.batch.lines import answered, read_lines
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import BatchStore, NewBatch
+from proxy.openai.answers import Answer
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny"
@@ -70,11 +71,12 @@ async def store_rate(make: Callable[[], BatchStore], lines: int, window: int) ->
     await store.add_batch(NewBatch("batch_bench", CHAT, "file-bench", "24h", 86400, None))
     await store.fill_batch("batch_bench", read_lines(io.BytesIO(job_file(lines)), CHAT, lines))
     body = {"object": "chat.completion", "choices": [{"message": {"content": "ok"}}]}
+    answer = Answer.of(200, body)
     start = time.perf_counter()
     while page := await store.claim("batch_bench", "bench", window, 60):
         async with anyio.create_task_group() as group:
             for line in page:
-                result = answered(line.custom_id, 200, body, line.body)
+                result = answered(line.custom_id, answer, line.body)
                 group.start_soon(store.record, "batch_bench", line.idx, result)
     elapsed = time.perf_counter() - start
     await store.finalize("batch_bench", "completed")

@@ -66,6 +66,7 @@ from proxy.engines import (
     UpstreamError,
     map_stream_error,
 )
+from proxy.openai.answers import Answer
 from proxy.openai.errors import APIError, engine_failed, engine_unavailable
 from proxy.openai.request import ChatRequest
 from proxy.scheduler import Abort, Job, TrafficClass
@@ -145,20 +146,22 @@ class Forwarder:
             set_request_id(request.scope, job_id)
         return job_id
 
-    async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+    async def complete(self, req: ChatRequest, job_id: str) -> Answer:
         """One whole answer for work with no client connection (a batch job's line),
         through the same admission, engines and relay as a request: the status and
-        JSON body a client would have had. Cancelling the caller aborts the work."""
+        JSON body a client would have had, its bytes as made for the response (not
+        parsed again). Cancelling the caller aborts the work."""
         arrival = self.services.clock.now()
         try:
             self._check_servable(req)
             count = await self.services.counter.count(req)
             response = await self._answer(Ticket(job_id, req, arrival, count))
         except PassThrough as exc:
-            return exc.error.status, _json_or_error(exc.error.body)
+            return Answer.of(exc.error.status, _json_or_error(exc.error.body))
         except APIError as exc:
-            return exc.status, exc.body()
-        return response.status_code, _json_or_error(bytes(response.body))
+            return Answer.of(exc.status, exc.body())
+        assert isinstance(response, _Assembled)
+        return Answer(response.status_code, bytes(response.body), response.content)
 
     def _check_servable(self, req: ChatRequest) -> None:
         error = unservable(req.model, req.cls, self.services.admission, self.monitor)
@@ -442,10 +445,10 @@ class Forwarder:
             relay.finish("engine_error")
             code = error.get("code")
             status = code if isinstance(code, int) and 400 <= code < 600 else 500
-            return JSONResponse({"error": error}, status_code=status, headers=headers)
+            return _Assembled({"error": error}, status_code=status, headers=headers)
         relay.finish("ok")
         self.monitor.request_succeeded(relay.engine)
-        return JSONResponse(asm.body(), headers=headers)
+        return _Assembled(asm.body(), headers=headers)
 
     def _first_chunk_wait(self, opened: Opened) -> AnswerWait | None:
         """The watch on the engine's first chunk for the relay, where it is still to
@@ -474,6 +477,14 @@ async def _replay(
     yield first
     async for chunk in rest:
         yield chunk
+
+
+class _Assembled(JSONResponse):
+    """A whole answer's response that keeps the object its body was made from."""
+
+    def __init__(self, content: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.content = content
 
 
 def _json_or_error(raw: bytes) -> dict[str, Any]:

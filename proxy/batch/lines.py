@@ -19,6 +19,7 @@ from typing import IO, Any
 import jsonschema
 
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
+from proxy.openai.answers import Answer
 from proxy.openai.bodies import BodyError, NotJSON, check_completion, parse_json
 from proxy.openai.request import ChatRequest, describe
 from proxy.scheduler import TrafficClass
@@ -30,7 +31,7 @@ MAX_LINE_BYTES = 8 * 1024 * 1024
 
 def check_line(raw: bytes, number: int, endpoint: str) -> LineSpec:
     """One input line, or :class:`LineError` naming it (``number`` counts from 1)
-    and the field to blame."""
+    and the field to blame. The line is parsed once."""
     try:
         line = parse_json(raw)
     except NotJSON as exc:
@@ -106,19 +107,30 @@ def _request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
-def answered(custom_id: str, status: int, body: Json, asked: Json) -> LineResult:
-    """The line for an answer the engine (or the proxy) gave with ``status``."""
+def answered(custom_id: str, answer: Answer, asked: Json) -> LineResult:
+    """The line for an answer the engine (or the proxy) gave: OpenAI's shape, written
+    around the answer's bytes (:func:`_ascii`); the usage and the quality are read
+    from its object, which is never parsed again."""
+    status, body = answer.status, answer.body
     ok = 200 <= status < 300
-    line: Json = {
-        "id": f"batch_req_{uuid.uuid4().hex}",
-        "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": _request_id(), "body": body},
-        "error": None,
-    }
+    head = json.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id})
+    line = (
+        f'{head[:-1]}, "response": {{"status_code": {status}, "request_id": '
+        f'"{_request_id()}", "body": {_ascii(answer)}}}, "error": null}}'
+    )
     usage = body.get("usage") if ok else None
     tokens = [usage.get(k) if isinstance(usage, dict) else 0 for k in USAGE]
     prompt, completion = (t if isinstance(t, int) else 0 for t in tokens)
-    return LineResult(ok, json.dumps(line), quality(asked, body) if ok else "", prompt, completion)
+    return LineResult(ok, line, quality(asked, body) if ok else "", prompt, completion)
+
+
+def _ascii(answer: Answer) -> str:
+    """The answer's JSON text for its line, ASCII as ever: its bytes as they came
+    where they are ASCII (most answers), else its object written once (escaping is
+    what ``json.dumps`` does fastest)."""
+    if answer.raw.isascii():
+        return answer.raw.decode("ascii")
+    return json.dumps(answer.body)
 
 
 def failed(custom_id: str, code: str, message: str) -> LineResult:

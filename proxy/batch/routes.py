@@ -46,7 +46,7 @@ from proxy.openai.bodies import (
     PageQuery,
     check_batch,
     check_page,
-    parse_json,
+    parse_object,
     window_seconds,
 )
 from proxy.openai.errors import APIError, bad_request
@@ -238,7 +238,7 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
     @app.post("/v1/batches", **ROUTE_DOCS["create"])
     async def create(request: Request) -> JSONResponse:
         api = _api(request, get)
-        created = await _create(api, await _read_body(request))
+        created = await _create(api, parse_object(await request.body()))
         return JSONResponse(_batch_object(api, created))
 
     @app.post("/v1/batches/{batch_id}/cancel", **ROUTE_DOCS["cancel"])
@@ -301,13 +301,3 @@ async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:
             param="input_file_id",
         )
     return found
-
-
-async def _read_body(request: Request) -> Json:
-    try:
-        body = parse_json(await request.body())
-    except BodyError as exc:
-        raise bad_request(exc.message, param=exc.param) from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    return body

@@ -42,18 +42,18 @@ from proxy.batch.store import (
     STATUSES,
     BatchRecord,
     BatchStore,
-    Json,
     LineError,
     LineResult,
     PendingLine,
 )
 from proxy.metrics import BatchMetrics
+from proxy.openai.answers import Answer
 from proxy.openai.line_ids import job_id
 from proxy.openai.request import ChatRequest
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-Complete = Callable[[ChatRequest, str], Awaitable[tuple[int, Json]]]
+Complete = Callable[[ChatRequest, str], Awaitable[Answer]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,9 +320,10 @@ class BatchRunner:
 
     async def _attempts(self, batch: BatchRecord, line: PendingLine) -> LineResult:
         req = line_request(line.body, batch.endpoint)
-        status, body = 0, Json()
+        answer = Answer(0, b"{}", {})
         for attempt in range(1, self.limits.max_attempts + 1):
-            status, body = await self.complete(req, job_id(batch.id, line.custom_id, attempt))
+            answer = await self.complete(req, job_id(batch.id, line.custom_id, attempt))
+            status = answer.status
             if status < 500 and status != 429:
                 break
             logger.warning(
@@ -330,7 +331,7 @@ class BatchRunner:
             )
             if attempt < self.limits.max_attempts:
                 await anyio.sleep(self.limits.backoff_s * 2 ** (attempt - 1))
-        return answered(line.custom_id, status, body, line.body)
+        return answered(line.custom_id, answer, line.body)
 
 
 def _expired_line(custom_id: str) -> LineResult:

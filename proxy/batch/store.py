@@ -62,7 +62,8 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class LineSpec:
-    """One valid input line: its position, ``custom_id`` and request body (JSON text)."""
+    """One valid input line: its position, ``custom_id`` and request body (its JSON
+    text as the line gave it)."""
 
     idx: int
     custom_id: str

@@ -6,5 +6,7 @@ the Batch API (:mod:`proxy.batch`); it imports neither.
 - :mod:`proxy.openai.request`: what a chat or completion request is, once read
   (:class:`~proxy.openai.request.ChatRequest`).
 - :mod:`proxy.openai.errors`: OpenAI's error shape and the errors both give.
+- :mod:`proxy.openai.answers`: one whole answer as the request path hands it to the
+  Batch API (:class:`~proxy.openai.answers.Answer`: its bytes and its object).
 - :mod:`proxy.openai.line_ids`: the scheduler's id for a try of a batch line.
 """

@@ -92,61 +92,6 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def parse_members(raw: bytes) -> tuple[Any, dict[str, str]]:
-    """``raw`` as :func:`parse_json` reads it (the same value or error), parsed once;
-    where it is a JSON object, also each member's value as the text it was written
-    in (a batch line's ``body``, kept as given rather than written again)."""
-    try:
-        members = _members(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-    except (ValueError, RecursionError):
-        members = None
-    if members is None:  # not one plain object: read as any body, for its error
-        return parse_json(raw), {}
-    value = {key: item for key, (item, _) in members.items()}
-    _check_tree(value)
-    return value, {key: text for key, (_, text) in members.items()}
-
-
-def _members(text: str) -> dict[str, tuple[Any, str]] | None:
-    """The top-level object's members, each value read by ``json``'s own scanner
-    (as :func:`parse_json` reads it) with the text it spans; None where ``text`` is
-    not one object (a value that is not JSON raises)."""
-    decoder = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-    pos = _skip(text, 0)
-    if not text.startswith("{", pos):
-        return None
-    members: dict[str, tuple[Any, str]] = {}
-    pos = _skip(text, pos + 1)
-    while not text.startswith("}", pos):
-        if not text.startswith('"', pos):
-            return None
-        key, pos = decoder.raw_decode(text, pos)
-        pos = _skip(text, pos)
-        if not text.startswith(":", pos):
-            return None
-        start = _skip(text, pos + 1)
-        item, pos = decoder.raw_decode(text, start)
-        members[key] = (item, text[start:pos])
-        pos = _skip(text, pos)
-        if text.startswith(",", pos):
-            pos = _skip(text, pos + 1)
-            if not text.startswith('"', pos):
-                return None  # a trailing comma
-        elif not text.startswith("}", pos):
-            return None
-    return members if _skip(text, pos + 1) == len(text) else None
-
-
-def _skip(text: str, pos: int) -> int:
-    """The position of the first character at or after ``pos`` that is not JSON
-    whitespace."""
-    space = _SPACE.match(text, pos)
-    return space.end() if space else pos
-
-
 def parse_object(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object: a 400 :class:`~proxy.openai.errors.APIError` for
     what :func:`parse_json` refuses, or for any other JSON value."""

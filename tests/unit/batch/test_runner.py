@@ -18,6 +18,7 @@ from proxy.batch.runner import BatchRunner, RunnerLimits
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import NewBatch
 from proxy.metrics import BatchMetrics
+from proxy.openai.answers import Answer
 from proxy.openai.line_ids import job_id, job_line
 from proxy.openai.request import ChatRequest
 
@@ -41,7 +42,7 @@ class Engine:
         self.inflight = 0
         self.most_inflight = 0
 
-    async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+    async def complete(self, req: ChatRequest, job_id: str) -> Answer:
         custom_id = job_id.split("/")[1]
         self.tries[custom_id] += 1
         self.inflight += 1
@@ -49,8 +50,8 @@ class Engine:
         await anyio.sleep(0.001)
         self.inflight -= 1
         if self.tries[custom_id] <= self.fails.get(custom_id, 0):
-            return 503, {"error": {"message": "busy"}}
-        return 200, OK
+            return Answer.of(503, {"error": {"message": "busy"}})
+        return Answer.of(200, OK)
 
 
 async def run_job(
@@ -194,9 +195,9 @@ async def test_expiry_writes_an_error_line_for_each_unfinished_line(tmp_path: Pa
     file_id = await upload(store, tmp_path, jsonl(5))
     await store.add_batch(NewBatch("batch_exp", CHAT, file_id, "1h", 3600, None))
 
-    async def complete(req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+    async def complete(req: ChatRequest, job_id: str) -> Answer:
         if job_id.split("/")[1] in ("c0", "c1"):
-            return 200, OK
+            return Answer.of(200, OK)
         await anyio.sleep_forever()
         raise AssertionError
 

@@ -26,6 +26,7 @@ from proxy.batch.store import NewBatch
 from proxy.clock import WallClock
 from proxy.config import EngineConfig, Settings
 from proxy.metrics import BatchMetrics
+from proxy.openai.answers import Answer
 from proxy.openai.request import ChatRequest
 from proxy.server import build, shutdown
 from tests.unit.batch.test_runner import CHAT, OK, jsonl
@@ -80,10 +81,10 @@ class Engine:
     def __init__(self) -> None:
         self.tries: Tally[str] = Tally()
 
-    async def complete(self, req: ChatRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+    async def complete(self, req: ChatRequest, job_id: str) -> Answer:
         self.tries[job_id.split("/")[1]] += 1
         await anyio.sleep(0.05)  # long enough that leases are renewed while lines run
-        return 200, OK
+        return Answer.of(200, OK)
 
 
 def outage(name: str) -> Exception:

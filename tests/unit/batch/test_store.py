@@ -17,6 +17,7 @@ from proxy.batch.lines import answered, quality, read_lines
 from proxy.batch.postgres import MIGRATIONS, PostgresStore
 from proxy.batch.sqlite import SQLiteStore
 from proxy.batch.store import BatchStore, LineError, LineResult, NewBatch
+from proxy.openai.answers import Answer
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
@@ -113,7 +114,7 @@ async def test_an_unknown_sqlite_schema_version_stops_the_store(tmp_path: Path) 
 
 async def test_a_line_is_recorded_once(store: BatchStore) -> None:
     await new_job(store, 3)
-    result = answered("c1", 200, {"choices": []}, {})
+    result = answered("c1", Answer.of(200, {"choices": []}), {})
     assert await store.record("batch_1", 2, result)
     assert not await store.record("batch_1", 2, LineResult(False, "{}"))
     batch = await store.get_batch("batch_1")
