@@ -62,8 +62,7 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class LineSpec:
-    """One valid input line: its position, ``custom_id`` and request body (its JSON
-    text as the line gave it)."""
+    """One valid input line: its position, ``custom_id`` and request body (JSON text)."""
 
     idx: int
     custom_id: str
