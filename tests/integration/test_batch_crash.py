@@ -46,16 +46,19 @@ LINES = 500
 WINDOW = 64  # the runner's window: the most lines in flight at once
 
 
-def job_lines() -> bytes:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+def job_lines(count: int = LINES, max_tokens: int = 2) -> bytes:
+    """``count`` chat lines, each carrying its ``custom_id`` as ``user`` (what the
+    engine's request log shows)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    body["max_tokens"] = max_tokens
     lines = [
         {
             "custom_id": f"line-{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {**body, "user": f"line-{i}"},  # what the engine's log shows
+            "body": {**body, "user": f"line-{i}"},
         }
-        for i in range(LINES)
+        for i in range(count)
     ]
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 

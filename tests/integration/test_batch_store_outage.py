@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 
 from loadtests.sim.server.requestlog import RequestLogReader
@@ -33,6 +32,8 @@ from tests.support.processes import free_port, loopback_url, running, serve_comm
 
 from .proxyserver import engine, spawn_sim
 from .simserver import MODEL
+from .test_batch_crash import job_lines as crash_job_lines
+from .test_batch_postgres import status
 
 pytestmark = pytest.mark.integration
 LINES = 400
@@ -41,28 +42,7 @@ FAST_S = 1.0  # the bound on any Files/Batches call during an outage
 
 
 def job_lines() -> bytes:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-    lines = [
-        {
-            "custom_id": f"line-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {**body, "user": f"line-{i}"},  # what the engine's log shows
-        }
-        for i in range(LINES)
-    ]
-    return "".join(json.dumps(x) + "\n" for x in lines).encode()
-
-
-def recorded(dsn: str, batch_id: str) -> tuple[str, int]:
-    with psycopg.connect(dsn, connect_timeout=2) as conn:
-        row = conn.execute(
-            "SELECT b.status, (SELECT count(*) FROM lines l WHERE l.batch_id = b.id "
-            "AND l.result IS NOT NULL) FROM batches b WHERE b.id = %s",
-            (batch_id,),
-        ).fetchone()
-    assert row is not None
-    return str(row[0]), int(row[1])
+    return crash_job_lines(LINES, max_tokens=8)
 
 
 def wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -171,13 +151,13 @@ def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) ->
                 progress: list[int] = []
                 for number, outage in enumerate(outages):
                     # the job in flight: some lines recorded since the last outage
-                    mark = recorded(dsn, batch_id)[1] if progress else 0
+                    mark = status(dsn, batch_id)[1] if progress else 0
                     wait(
-                        lambda m=mark: recorded(dsn, batch_id)[1] >= m + 10,
+                        lambda m=mark: status(dsn, batch_id)[1] >= m + 10,
                         60,
                         f"progress (the proxy's log: {log})",
                     )
-                    state, done = recorded(dsn, batch_id)
+                    state, done = status(dsn, batch_id)
                     assert state == "in_progress" and done < LINES, (
                         f"the job was not in flight before outage {number + 1}: {state}, "
                         f"{done}/{LINES} (the engine is too fast for this test)"
@@ -197,7 +177,7 @@ def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) ->
                     assert calls.retry_after and "" not in calls.retry_after
                     assert calls.store_down_on_readyz > 0
 
-                wait(lambda: recorded(dsn, batch_id)[0] == "completed", 120, "completion")
+                wait(lambda: status(dsn, batch_id)[0] == "completed", 120, "completion")
                 done = http.get(f"/v1/batches/{batch_id}").json()
                 output = http.get(f"/v1/files/{done['output_file_id']}/content").text
                 ids = [json.loads(x)["custom_id"] for x in output.splitlines()]
