@@ -133,7 +133,6 @@ class GuardedStore:
         self.outage_errors = outage_errors
         self.health = StoreHealth(probe_s=probe_s, since=now())
         self._waiting: set[anyio.CancelScope] = set()
-        self.on_change: Callable[[StoreHealth], None] = lambda _: None
 
     # -- the state ----------------------------------------------------------------
 
@@ -146,13 +145,11 @@ class GuardedStore:
         )  # fmt: skip
         for scope in list(self._waiting):
             scope.cancel()
-        self.on_change(self.health)
 
     def _back(self) -> None:
         lasted = self.health.back(self._now())
         if lasted is not None:
             logger.warning("batch store back after %.1f s; batch jobs resume", lasted)
-            self.on_change(self.health)
 
     def check(self) -> None:
         """Raise :class:`StoreDown` at once if the store is known to be down."""
