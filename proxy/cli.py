@@ -239,8 +239,8 @@ def _has_engines(file: Path) -> bool:
 
 def log_addresses(settings: Settings) -> None:
     """Log, at info, the URLs of the API and of the status page."""
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    base = f"http://{host}:{settings.port}"
+    host = f"[{settings.serving.host}]" if ":" in settings.serving.host else settings.serving.host
+    base = f"http://{host}:{settings.serving.port}"
     _log.info("OpenAI API: %s/v1 (batch class: %s/batch/v1)", base, base)
     _log.info("status page: %s/status", base)
 

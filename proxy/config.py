@@ -67,7 +67,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -233,14 +233,56 @@ class ApiKey:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    engines: tuple[EngineConfig, ...]
+class ServingSettings:
+    """Where the proxy listens, the chat targets it keeps, how it stops."""
+
+    PREFIX: ClassVar[str] = ""
+
     host: str = "127.0.0.1"
     port: int = 8080
     ttft_target_s: float = 0.300
     gap_target_s: float = 0.100
+    drain_timeout_s: float = 30.0
+    decision_log_size: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccessSettings:
+    """Who may call the proxy, and who may choose a request's class (docs/security.md)."""
+
+    PREFIX: ClassVar[str] = ""
+
     class_override: bool | tuple[str, ...] | None = None
     api_keys: tuple[str | ApiKey, ...] = ()
+
+    def key_policies(self) -> tuple[ApiKey, ...]:
+        """Every API key with its policy (a plain string is a ``user`` key)."""
+        return tuple(k if isinstance(k, ApiKey) else ApiKey(key=k) for k in self.api_keys)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeSettings:
+    """Slow clients and large bodies at the proxy's edge (docs/security.md)."""
+
+    PREFIX: ClassVar[str] = ""
+
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes_in_flight: int = 64 * 1024 * 1024  # every body held at once
+    header_timeout_s: float = 10.0  # from a connection's opening (or last response)
+    body_timeout_s: float = 30.0  # between two pieces of a body the app waits for
+    max_incomplete_connections: int = 1024  # beyond: the oldest is closed
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamSettings:
+    """How the proxy talks to its engines, checks them and finds them."""
+
+    PREFIX: ClassVar[str] = ""
+
+    first_byte_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    connect_timeout_s: float = 2.0
+    outlier_consecutive_errors: int = 5
     health_interval_s: float = 1.0
     scrape_interval_s: float = 1.0
     unhealthy_after: int = 2
@@ -249,54 +291,112 @@ class Settings:
     # unhealthy_after * (health_interval_s + health_timeout_s) after it stopped, and
     # requests still waiting for its answer go elsewhere (docs/security.md).
     health_timeout_s: float = 5.0
-    connect_timeout_s: float = 2.0
-    decision_log_size: int = 1000
-    max_body_bytes: int = 8 * 1024 * 1024
-    first_byte_timeout_s: float = 60.0
-    idle_timeout_s: float = 30.0
-    outlier_consecutive_errors: int = 5
-    drain_timeout_s: float = 30.0
-    # Slow clients and large bodies at the proxy's edge (docs/security.md).
-    max_body_bytes_in_flight: int = 64 * 1024 * 1024  # every body held at once
-    header_timeout_s: float = 10.0  # from a connection's opening (or last response)
-    body_timeout_s: float = 30.0  # between two pieces of a body the app waits for
-    max_incomplete_connections: int = 1024  # beyond: the oldest is closed
-    # How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md).
+    dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharingSettings:
+    """How chat holds batch (proxy.scheduler.HoldRules, docs/scheduling.md)."""
+
+    PREFIX: ClassVar[str] = ""
+
     batch_min_share: float = 0.05
     hold_timeout_s: float = 10.0
     # Aborting a batch request in prefill for a chat whose TTFT it puts at risk, and
-    # requeueing it (docs/scheduling.md): ``auto`` the final request of a pieced
-    # prompt (only where its engine pieces); ``on`` every batch request; ``off``.
+    # requeueing it: ``auto`` the final request of a pieced prompt (only where its
+    # engine pieces); ``on`` every batch request; ``off``.
     batch_abort: str = "auto"
     batch_abort_max: int = 3  # the most times one batch request is aborted
-    dns_interval_s: float = 5.0  # how often DNS groups of engines are resolved again
 
-    # Several replicas, one budget (docs/replicas.md): off while no ledger DSN is set.
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaSettings:
+    """Several replicas, one budget (docs/replicas.md): off while no ledger DSN is set;
+    worker processes on one listening address, each a replica (proxy.process.workers)."""
+
+    PREFIX: ClassVar[str] = ""
+
     ledger_dsn: str = field(default="", repr=False)
     ledger_interval_s: float = 0.1  # publish this replica's load, read the others'
     ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
     ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
     replica_id: str = ""  # this replica's name in the ledger (default: host, pid, random)
-    # Worker processes on one listening address, each a replica (proxy.process.workers).
     workers: int = 1
 
-    # The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
-    # DSN (PostgreSQL). The DSN may hold a password: it is never printed.
-    batch_store: str = "sqlite"
-    batch_store_path: str = ""
-    batch_dsn: str = field(default="", repr=False)
-    batch_pool_size: int = 10
-    batch_store_timeout_s: float = 2.0  # a quick store call's deadline (PostgreSQL)
-    batch_lease_s: float = 30.0
-    batch_max_file_bytes: int = 200_000_000
-    batch_max_lines: int = 50_000
-    batch_window: int = 64
-    batch_max_attempts: int = 3
-    batch_retry_backoff_s: float = 0.5
 
-    def key_policies(self) -> tuple[ApiKey, ...]:
-        """Every API key with its policy (a plain string is a ``user`` key)."""
-        return tuple(k if isinstance(k, ApiKey) else ApiKey(key=k) for k in self.api_keys)
+@dataclass(frozen=True, kw_only=True)
+class BatchSettings:
+    """The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
+    DSN (PostgreSQL). The DSN may hold a password: it is never printed. In the file
+    each key has the prefix ``batch_`` (``batch_store_path``)."""
+
+    PREFIX: ClassVar[str] = "batch_"
+
+    store: str = "sqlite"
+    store_path: str = ""
+    dsn: str = field(default="", repr=False)
+    pool_size: int = 10
+    store_timeout_s: float = 2.0  # a quick store call's deadline (PostgreSQL)
+    lease_s: float = 30.0
+    max_file_bytes: int = 200_000_000
+    max_lines: int = 50_000
+    window: int = 64
+    max_attempts: int = 3
+    retry_backoff_s: float = 0.5
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "serving": ServingSettings,
+    "access": AccessSettings,
+    "edge": EdgeSettings,
+    "upstream": UpstreamSettings,
+    "sharing": SharingSettings,
+    "replicas": ReplicaSettings,
+    "batch": BatchSettings,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every setting, in the sections of ``whoseturn.example.yaml``. The file, the
+    environment and the flags name them by flat keys (``port``, ``batch_store_path``):
+    :meth:`from_keys` builds the sections from those, :meth:`keys` gives them back."""
+
+    engines: tuple[EngineConfig, ...]
+    serving: ServingSettings = field(default_factory=ServingSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    edge: EdgeSettings = field(default_factory=EdgeSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    sharing: SharingSettings = field(default_factory=SharingSettings)
+    replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
+
+    @classmethod
+    def from_keys(cls, engines: Collection[EngineConfig], **keys: Any) -> Settings:
+        """The settings from the file's flat keys (unchecked: see :func:`settings_from_dict`)."""
+        sections = {}
+        for name, section in _SECTIONS.items():
+            names = _file_keys(section)
+            sections[name] = section(**{names[k]: keys.pop(k) for k in list(keys) if k in names})
+        if keys:
+            raise TypeError(f"unknown settings {sorted(keys)}")
+        return cls(engines=tuple(engines), **sections)
+
+    def keys(self) -> dict[str, Any]:
+        """Every setting but the engines, by its key in the file."""
+        out: dict[str, Any] = {}
+        for name, section in _SECTIONS.items():
+            values = getattr(self, name)
+            out.update({k: getattr(values, f) for k, f in _file_keys(section).items()})
+        return out
+
+
+def _file_keys(section: type[Any]) -> dict[str, str]:
+    """A section's keys in the file, each with its field's name."""
+    return {section.PREFIX + f.name: f.name for f in dataclasses.fields(section)}
+
+
+FILE_KEYS = ("engines", *(k for s in _SECTIONS.values() for k in _file_keys(s)))
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -311,23 +411,25 @@ def _fields(cls: type[Any]) -> list[str]:
 _NOUNS = {"int": "an integer", "float": "a number", "str": "a string"}
 
 
-def _typed(cls: type[Any], data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """``data`` with its scalar fields checked against ``cls`` (ints pass as floats),
-    so that ``port: "80"`` is an error naming ``port``, not a TypeError later."""
+def _typed(cls: type[Any], data: Mapping[str, Any], where: str, key: str = "") -> dict[str, Any]:
+    """``data`` with the scalar fields of ``cls`` (each at ``key`` + its name) checked
+    against their types (ints pass as floats), so that ``port: "80"`` is an error
+    naming ``port``, not a TypeError later."""
     out = dict(data)
     for f in dataclasses.fields(cls):
         kind = str(f.type)  # a name: annotations are postponed
-        if f.name not in out or kind not in _NOUNS:
+        name = key + f.name
+        if name not in out or kind not in _NOUNS:
             continue
-        value = out[f.name]
+        value = out[name]
         if kind == "str":
             ok = isinstance(value, str)
         else:
             number = isinstance(value, int | float) and not isinstance(value, bool)
             ok = number and (kind == "float" or isinstance(value, int))
-        _check(ok, prefix + f.name, f"expected {_NOUNS[kind]}, got {value!r}")
+        _check(ok, where + name, f"expected {_NOUNS[kind]}, got {value!r}")
         if kind == "float":
-            out[f.name] = float(value)
+            out[name] = float(value)
     return out
 
 
@@ -372,8 +474,10 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
 
 def _targets(body: Mapping[str, Any]) -> dict[str, float]:
     """The TTFT and gap targets every engine's budget loop aims under."""
-    typed = _typed(Settings, body, "")
-    targets = {k: typed.get(k, getattr(Settings, k)) for k in ("ttft_target_s", "gap_target_s")}
+    typed = _typed(ServingSettings, body, "")
+    targets = {
+        k: typed.get(k, getattr(ServingSettings, k)) for k in ("ttft_target_s", "gap_target_s")
+    }
     _check(
         all(v > 0 for v in targets.values()),
         "targets",
@@ -422,89 +526,90 @@ def _api_key(data: Any, index: int) -> str | ApiKey:
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     """Validate a settings document (the merged YAML, environment and flags)."""
-    _known(_fields(Settings), data, "settings")
+    _known(FILE_KEYS, data, "settings")
     body = dict(data)
     if isinstance(body.get("batch_abort"), bool):  # YAML reads a bare off / on as a bool
         body["batch_abort"] = "on" if body["batch_abort"] else "off"
     targets = _targets(body)
     engines = _engines(body.pop("engines", None), targets)
-    override = _class_override(body.pop("class_override", None))
-    keys = tuple(_api_key(k, i) for i, k in enumerate(body.pop("api_keys", ()) or ()))
-    try:
-        settings = Settings(
-            engines=engines, class_override=override, api_keys=keys, **_typed(Settings, body, "")
-        )
-    except TypeError as exc:
-        raise ConfigError("settings", str(exc)) from exc
-    _check_serving(settings)
-    _check_edge(settings)
-    _check_sharing(settings)
-    _check_batch(settings)
+    body["class_override"] = _class_override(body.pop("class_override", None))
+    body["api_keys"] = tuple(_api_key(k, i) for i, k in enumerate(body.pop("api_keys", ()) or ()))
+    for section in _SECTIONS.values():
+        body = _typed(section, body, "", section.PREFIX)
+    settings = Settings.from_keys(engines, **body)
+    _check_serving(settings.serving)
+    _check_upstream(settings.upstream)
+    _check_edge(settings.edge)
+    _check_sharing(settings.sharing)
+    _check_replicas(settings)
+    _check_batch(settings.batch)
     return settings
 
 
-def _check_serving(settings: Settings) -> None:
-    """The port, the health checks, the decision log and the engine timeouts."""
-    _check(1 <= settings.port <= 65535, "port", "expected 1..65535")
+def _check_serving(s: ServingSettings) -> None:
+    """The port, the decision log, the drain."""
+    _check(1 <= s.port <= 65535, "port", "expected 1..65535")
+    _check(s.decision_log_size >= 1, "decision_log_size", "must be at least 1")
+    _check(s.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+
+
+def _check_upstream(s: UpstreamSettings) -> None:
+    """The health checks, the engine timeouts, outlier ejection, discovery."""
     _check(
-        settings.health_interval_s > 0 and settings.scrape_interval_s > 0,
+        s.health_interval_s > 0 and s.scrape_interval_s > 0,
         "intervals",
         "health_interval_s and scrape_interval_s must be positive",
     )
-    _check(settings.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
-    _check(settings.health_timeout_s > 0, "health_timeout_s", "must be positive")
-    _check(settings.decision_log_size >= 1, "decision_log_size", "must be at least 1")
-    _check(settings.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
-    _check(settings.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+    _check(s.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
+    _check(s.health_timeout_s > 0, "health_timeout_s", "must be positive")
+    _check(s.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
     _check(
-        settings.first_byte_timeout_s > 0 and settings.idle_timeout_s > 0,
+        s.first_byte_timeout_s > 0 and s.idle_timeout_s > 0,
         "timeouts",
         "first_byte_timeout_s and idle_timeout_s must be positive",
     )
-    _check(settings.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+    _check(s.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1")
+    _check(s.dns_interval_s > 0, "dns_interval_s", "must be positive")
 
 
-def _check_sharing(settings: Settings) -> None:
-    """Discovery, the ledger and workers, outlier ejection, how chat and batch share."""
-    _check(settings.dns_interval_s > 0, "dns_interval_s", "must be positive")
-    _check(
-        0 < settings.ledger_interval_s < settings.ledger_lease_s,
-        "ledger_interval_s",
-        "must be positive and below ledger_lease_s",
-    )
-    _check(settings.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
-    _check_workers(settings)
-    _check(
-        settings.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1"
-    )
-    _check(0 <= settings.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
-    _check(settings.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
-    _check(settings.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
-    _check(settings.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
+def _check_sharing(s: SharingSettings) -> None:
+    """How chat and batch share an engine."""
+    _check(0 <= s.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
+    _check(s.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
+    _check(s.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
+    _check(s.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
 
 
-def _check_edge(settings: Settings) -> None:
-    """The slow-client timeouts, the cap and the budget of bodies in flight."""
-    _check(settings.header_timeout_s > 0, "header_timeout_s", "must be positive")
-    _check(settings.body_timeout_s > 0, "body_timeout_s", "must be positive")
+def _check_edge(s: EdgeSettings) -> None:
+    """The largest body, the slow-client timeouts, the cap and the budget of bodies in
+    flight."""
+    _check(s.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
+    _check(s.header_timeout_s > 0, "header_timeout_s", "must be positive")
+    _check(s.body_timeout_s > 0, "body_timeout_s", "must be positive")
+    _check(s.max_incomplete_connections >= 1, "max_incomplete_connections", "must be at least 1")
     _check(
-        settings.max_incomplete_connections >= 1, "max_incomplete_connections", "must be at least 1"
-    )
-    _check(
-        settings.max_body_bytes_in_flight >= settings.max_body_bytes,
+        s.max_body_bytes_in_flight >= s.max_body_bytes,
         "max_body_bytes_in_flight",
-        f"must be at least max_body_bytes ({settings.max_body_bytes}), or no body that large "
+        f"must be at least max_body_bytes ({s.max_body_bytes}), or no body that large "
         f"could ever be served",
     )
 
 
-def _check_workers(settings: Settings) -> None:
-    """Several worker processes need what several replicas need: the shared ledger
-    (each process has its own scheduler) and, with the Batch API, its shared store."""
-    n = settings.workers
+def _check_replicas(settings: Settings) -> None:
+    """The ledger; several worker processes need what several replicas need: the
+    shared ledger (each process has its own scheduler) and, with the Batch API, its
+    shared store."""
+    s = settings.replicas
+    _check(
+        0 < s.ledger_interval_s < s.ledger_lease_s,
+        "ledger_interval_s",
+        "must be positive and below ledger_lease_s",
+    )
+    _check(s.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
+    n = s.workers
     _check(n >= 1, "workers", "must be at least 1")
     _check(
-        n == 1 or bool(settings.ledger_dsn),
+        n == 1 or bool(s.ledger_dsn),
         "workers",
         f"{n} worker processes need ledger_dsn (WHOSETURN_LEDGER_DSN, docs/replicas.md): "
         f"each process has its own scheduler and its own batch prefill budget per engine, "
@@ -512,28 +617,25 @@ def _check_workers(settings: Settings) -> None:
         f"on one engine",
     )
     _check(
-        n == 1 or settings.batch_store != "sqlite" or not settings.batch_store_path,
+        n == 1 or settings.batch.store != "sqlite" or not settings.batch.store_path,
         "workers",
         f"{n} worker processes cannot share the SQLite batch store (it is for one proxy "
         f"process): use batch_store: postgres, or leave batch_store_path unset",
     )
 
 
-def _check_batch(settings: Settings) -> None:
-    _check(settings.batch_store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
-    for key in (
-        "batch_max_file_bytes", "batch_max_lines", "batch_window", "batch_max_attempts",
-        "batch_pool_size",
-    ):  # fmt: skip
-        _check(getattr(settings, key) >= 1, key, "must be at least 1")
-    _check(settings.batch_lease_s > 0, "batch_lease_s", "must be positive")
-    _check(settings.batch_store_timeout_s > 0, "batch_store_timeout_s", "must be positive")
+def _check_batch(s: BatchSettings) -> None:
+    _check(s.store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
+    for name in ("max_file_bytes", "max_lines", "window", "max_attempts", "pool_size"):
+        _check(getattr(s, name) >= 1, s.PREFIX + name, "must be at least 1")
+    _check(s.lease_s > 0, "batch_lease_s", "must be positive")
+    _check(s.store_timeout_s > 0, "batch_store_timeout_s", "must be positive")
     _check(
-        settings.batch_store != "postgres" or bool(settings.batch_dsn),
+        s.store != "postgres" or bool(s.dsn),
         "batch_dsn",
         "is required when batch_store is postgres (or set WHOSETURN_BATCH_DSN)",
     )
-    _check(settings.batch_retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
+    _check(s.retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
 _ENV: dict[str, tuple[str, type]] = {

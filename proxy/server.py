@@ -154,14 +154,14 @@ def _shared_budget(
 ) -> SharedBudget | None:
     """The shared budget of several replicas: on ``ledger`` if given (tests), else on
     PostgreSQL at ``ledger_dsn``; None without either (one replica alone)."""
-    if ledger is None and settings.ledger_dsn:
+    if ledger is None and settings.replicas.ledger_dsn:
         from proxy.replicas.postgres import PostgresLedger  # psycopg loads only when used
 
         ledger = PostgresLedger(
-            settings.ledger_dsn,
+            settings.replicas.ledger_dsn,
             replica,
-            lease_s=settings.ledger_lease_s,
-            timeout_s=settings.ledger_timeout_s,
+            lease_s=settings.replicas.ledger_lease_s,
+            timeout_s=settings.replicas.ledger_timeout_s,
         )
     if ledger is None:
         return None
@@ -174,9 +174,9 @@ def _shared_budget(
         ledger,
         admission,
         url_of,
-        interval_s=settings.ledger_interval_s,
-        timeout_s=settings.ledger_timeout_s,
-        lease_s=settings.ledger_lease_s,
+        interval_s=settings.replicas.ledger_interval_s,
+        timeout_s=settings.replicas.ledger_timeout_s,
+        lease_s=settings.replicas.ledger_lease_s,
     )
     admission.on_release = shared.nudge
     return shared
@@ -184,10 +184,11 @@ def _shared_budget(
 
 def _scheduler_settings(settings: Settings) -> SchedulerSettings:
     return SchedulerSettings(
-        decision_log_size=settings.decision_log_size,
-        abort_limit=settings.batch_abort_max,
+        decision_log_size=settings.serving.decision_log_size,
+        abort_limit=settings.sharing.batch_abort_max,
         hold=HoldRules(
-            hold_timeout_s=settings.hold_timeout_s, batch_min_share=settings.batch_min_share
+            hold_timeout_s=settings.sharing.hold_timeout_s,
+            batch_min_share=settings.sharing.batch_min_share,
         ),
     )
 
@@ -197,9 +198,10 @@ def _piece_sender(
 ) -> PieceSender:
     """Long prompts sent in pieces, aimed at a share of the chat targets."""
     aim = settings.engines[0].budget.aim if settings.engines else 0.8
+    targets = settings.serving
     return PieceSender(
         list(settings.engines), pool, admission, clock, metrics.pieces,
-        target_s=aim * settings.gap_target_s, idle_target_s=aim * settings.ttft_target_s,
+        target_s=aim * targets.gap_target_s, idle_target_s=aim * targets.ttft_target_s,
     )  # fmt: skip
 
 
@@ -218,15 +220,19 @@ async def build(
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)
     urls = {c.name: c.url for c in settings.engines if not c.by_dns}
-    metrics = ProxyMetrics(scheduler, settings.ttft_target_s, settings.gap_target_s, urls)
+    metrics = ProxyMetrics(
+        scheduler, settings.serving.ttft_target_s, settings.serving.gap_target_s, urls
+    )
     piece_sender = _piece_sender(settings, pool, admission, clock, metrics)
     fleet = Fleet(pool, monitor, admission, urls, piece_sender)
     discovery = EngineDiscovery(settings.engines, resolver, fleet)
     await discovery.resolve_once()
     counter = PromptCounter(pool, admission.engines_up_for)
-    timeouts = ReadTimeouts(settings.first_byte_timeout_s, settings.idle_timeout_s)
+    timeouts = ReadTimeouts(
+        settings.upstream.first_byte_timeout_s, settings.upstream.idle_timeout_s
+    )
     services = Services(admission, metrics, clock, counter, timeouts)
-    replica = settings.replica_id or default_replica_id()
+    replica = settings.replicas.replica_id or default_replica_id()
     shared = _shared_budget(settings, admission, pool, ledger, replica)
     reserve = None
     if shared is not None:
@@ -288,7 +294,7 @@ async def startup(state: ProxyState) -> None:
         asyncio.create_task(_discover_late(state), name="whoseturn-discover"),
     ]
     if state.discovery.groups:
-        interval = state.settings.dns_interval_s
+        interval = state.settings.upstream.dns_interval_s
         task = asyncio.create_task(state.discovery.run(interval), name="whoseturn-dns")
         state.tasks.append(task)
     if state.batch is not None:
@@ -370,7 +376,9 @@ def create_app(
     app = FastAPI(title="whoseturn", lifespan=lifespan, telemetry=off)
     # An upload to the Files API has its own, larger limit (the route checks it too).
     uploads = {
-        "/v1/files": max(settings.max_body_bytes, settings.batch_max_file_bytes + FORM_SLACK_BYTES)
+        "/v1/files": max(
+            settings.edge.max_body_bytes, settings.batch.max_file_bytes + FORM_SLACK_BYTES
+        )
     }
     install_api(app, settings, _state, uploads)
     install_batch_routes(app, lambda request: _state(request).batch)

@@ -107,7 +107,7 @@ async def walk(store: Path) -> tuple[Counter[str], Counter[str]]:
     from proxy.config import EngineConfig, Settings
     from proxy.server import create_app
 
-    settings = Settings(
+    settings = Settings.from_keys(
         engines=(EngineConfig(url="http://a.engine.test:8000", name="a", models=(MODEL,)),),
         batch_store_path=str(store),
     )

@@ -80,7 +80,7 @@ def same(a: str, b: str) -> bool:
 def find_key(settings: Settings, token: str | None) -> ApiKey | None:
     """The configured key equal to ``token``; every key is compared."""
     found = None
-    for key in settings.key_policies():
+    for key in settings.access.key_policies():
         if same(key.key, token or "") and token:
             found = key
     return found
@@ -99,12 +99,12 @@ def may_override(settings: Settings, token: str | None, key: ApiKey | None) -> b
     """Whether this caller may choose its class by ``X-Whoseturn-Class``:
     ``class_override`` true or false says so for everyone, a list names the keys;
     unset, anyone may without ``api_keys``, and with them a key whose policy allows."""
-    allowed = settings.class_override
+    allowed = settings.access.class_override
     if isinstance(allowed, tuple):
         return token is not None and any([same(token, k) for k in allowed])
     if allowed is not None:
         return allowed
-    return not settings.api_keys or (key is not None and key.class_override)
+    return not settings.access.api_keys or (key is not None and key.class_override)
 
 
 def unauthorized() -> APIError:
@@ -139,7 +139,7 @@ def check_key(settings: Settings, scope: Scope) -> Caller | APIError:
     role = needed_role(scope["method"], scope["path"])
     token = bearer_token(scope.get("headers", []))
     key = None
-    if role is not None and settings.api_keys:
+    if role is not None and settings.access.api_keys:
         key = find_key(settings, token)
         if key is None:
             return unauthorized()

@@ -227,7 +227,7 @@ class Forwarder:
         (``whole_by_choice``): what it computed stays in the engine's prefix cache,
         and it is sent again on the same engine; ``on``,
         every batch request; ``off``, none."""
-        mode = self.settings.batch_abort
+        mode = self.settings.sharing.batch_abort
         if cls is not TrafficClass.BATCH or mode == "off":
             return False
         return mode == "on" or final.engine is not None or whole_by_choice
@@ -322,7 +322,7 @@ class Forwarder:
         (:class:`EngineUnavailable`: retried elsewhere)."""
         client = self.pool.client_for(admitted.engine)
         body = ticket.req.body_for(client.config.scheduling_policy)
-        timeout = self.settings.first_byte_timeout_s
+        timeout = self.settings.upstream.first_byte_timeout_s
         for attempt in range(2):
             stack = AsyncExitStack()
             try:
@@ -371,7 +371,7 @@ class Forwarder:
                 self.monitor.mark_failed(engine, f"a request could not reach it ({exc})")
             if self._retry(ticket, engine, exc):
                 return
-            retry = max(1, math.ceil(self.monitor.settings.health_interval_s))
+            retry = max(1, math.ceil(self.monitor.settings.upstream.health_interval_s))
             raise engine_unavailable(f"No engine could take the request: {exc}", retry) from exc
         if isinstance(exc, EngineHTTPError):
             headers = self._headers(ticket, admitted)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.auth import KeyCheck
+from proxy.api.body_limits import BodyLimits
 from proxy.api.docs import Health, ModelList, Readiness, completion_route_docs, error_responses
 from proxy.api.error_handlers import install_error_handlers
 from proxy.api.intake import Intake
@@ -37,13 +38,13 @@ def install_api(
     API's uploads) their own limit."""
     install_error_handlers(app)
     app.add_middleware(KeyCheck, settings=settings)
-    app.add_middleware(
-        Intake,
-        max_body_bytes=settings.max_body_bytes,
+    limits = BodyLimits(
+        max_body_bytes=settings.edge.max_body_bytes,
         path_limits=path_limits,
-        body_timeout_s=settings.body_timeout_s,
-        max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
+        body_timeout_s=settings.edge.body_timeout_s,
+        max_body_bytes_in_flight=settings.edge.max_body_bytes_in_flight,
     )
+    app.add_middleware(Intake, limits=limits)
     app.add_middleware(HeadAsGet, routes=app.router.routes)  # outermost: HEAD runs as GET
     _completion_routes(app, state_of)
     _read_routes(app, state_of)

@@ -24,7 +24,7 @@ def unservable(
 ) -> APIError | None:
     """The error to answer for a request for ``model`` of class ``cls``, or ``None``
     if it may go on (see the module docstring)."""
-    retry_after = max(1, math.ceil(monitor.settings.health_interval_s))
+    retry_after = max(1, math.ceil(monitor.settings.upstream.health_interval_s))
     if admission.closed:
         return shutting_down()
     if model not in admission.models():

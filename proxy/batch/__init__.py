@@ -50,12 +50,12 @@ async def build_batch(
         return None
     await store.open()
     limits = RunnerLimits(
-        window=settings.batch_window,
-        max_attempts=settings.batch_max_attempts,
-        backoff_s=settings.batch_retry_backoff_s,
-        max_lines=settings.batch_max_lines,
-        lease_s=settings.batch_lease_s,
-        max_line_bytes=settings.max_body_bytes,
+        window=settings.batch.window,
+        max_attempts=settings.batch.max_attempts,
+        backoff_s=settings.batch.retry_backoff_s,
+        max_lines=settings.batch.max_lines,
+        lease_s=settings.batch.lease_s,
+        max_line_bytes=settings.edge.max_body_bytes,
     )
     runner = BatchRunner(
         store,
@@ -74,19 +74,19 @@ def _guarded_store(settings: Settings) -> GuardedStore | None:
     """The configured backend behind its outage guard (not yet opened); None when
     no store is set."""
     backend: BatchStore
-    timeout_s: float | None = settings.batch_store_timeout_s
-    if settings.batch_store == "postgres" and settings.batch_dsn:
+    timeout_s: float | None = settings.batch.store_timeout_s
+    if settings.batch.store == "postgres" and settings.batch.dsn:
         import psycopg  # loads only when used
 
         from proxy.batch.postgres import PostgresStore
 
-        backend = PostgresStore(settings.batch_dsn, time.time, settings.batch_pool_size)
+        backend = PostgresStore(settings.batch.dsn, time.time, settings.batch.pool_size)
         outages: tuple[type[BaseException], ...] = (
             psycopg.OperationalError,
             psycopg.InterfaceError,
         )
-    elif settings.batch_store == "sqlite" and settings.batch_store_path:
-        backend = SQLiteStore(Path(settings.batch_store_path), time.time)
+    elif settings.batch.store == "sqlite" and settings.batch.store_path:
+        backend = SQLiteStore(Path(settings.batch.store_path), time.time)
         outages = (sqlite3.OperationalError,)
         timeout_s = None  # its calls run on a thread, which cannot be cut short
     else:

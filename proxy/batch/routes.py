@@ -211,7 +211,7 @@ def _too_large(limit: int) -> APIError:
 
 async def _store_upload(request: Request, api: BatchAPI) -> FileRecord:
     """The upload, checked (size before it is read where the client says it)."""
-    limit = api.settings.batch_max_file_bytes
+    limit = api.settings.batch.max_file_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + FORM_SLACK_BYTES:
         raise _too_large(limit)
@@ -275,8 +275,8 @@ async def _create(api: BatchAPI, body: Json) -> BatchRecord:
 async def _check_lines(api: BatchAPI, file_id: str, endpoint: str) -> None:
     """Every line of the input file checked before the job exists (a stream, off the
     event loop): a bad one is a 400 naming it, and nothing is stored."""
-    limit = api.settings.batch_max_lines
-    check = functools.partial(check_file, max_line_bytes=api.settings.max_body_bytes)
+    limit = api.settings.batch.max_lines
+    check = functools.partial(check_file, max_line_bytes=api.settings.edge.max_body_bytes)
     try:
         async with api.store.local_file(file_id) as path:
             await anyio.to_thread.run_sync(check, path, endpoint, limit)
@@ -294,10 +294,10 @@ async def _input_file(api: BatchAPI, file_id: object) -> FileRecord:
         raise bad_request(
             f"File `{file_id}` has purpose `{found.purpose}`, not `batch`.", param="input_file_id"
         )
-    if found.bytes > api.settings.batch_max_file_bytes:
+    if found.bytes > api.settings.batch.max_file_bytes:
         raise bad_request(
             f"File `{file_id}` is larger than the limit of "
-            f"{api.settings.batch_max_file_bytes} bytes.",
+            f"{api.settings.batch.max_file_bytes} bytes.",
             param="input_file_id",
         )
     return found

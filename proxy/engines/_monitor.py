@@ -1,7 +1,7 @@
 """Health checks and ``/metrics`` scrapes of every engine, fed to the scheduler.
 
-- An engine whose health check fails (no 2xx within ``settings.health_timeout_s``)
-  ``settings.unhealthy_after`` times in a row is ejected
+- An engine whose health check fails (no 2xx within ``settings.upstream.health_timeout_s``)
+  ``settings.upstream.unhealthy_after`` times in a row is ejected
   (``scheduler.set_engine_up(name, False)``); one passing check readmits it.
 - :meth:`EngineMonitor.mark_failed` ejects at once, for the request path that saw
   the engine refuse a connection. Health answers to checks sent before that call
@@ -9,7 +9,7 @@
 - Outlier detection on the request path, after Envoy's: a stream that timed out
   (:class:`~proxy.engines.EngineTimeout`, a hung engine) ejects its engine at
   once; other failures (a broken stream, a 5xx) eject it after
-  ``settings.outlier_consecutive_errors`` in a row with no success between
+  ``settings.upstream.outlier_consecutive_errors`` in a row with no success between
   (:meth:`EngineMonitor.request_failed`, :meth:`EngineMonitor.request_succeeded`).
   Recovery is by health check, as above.
 - :meth:`EngineMonitor.answered_within` says whether an engine answered lately (a
@@ -152,8 +152,8 @@ class EngineMonitor:
         """Check health every ``health_interval_s`` and scrape loads every
         ``scrape_interval_s`` until cancelled."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_every, self.settings.health_interval_s, self.check_health)
-            tg.start_soon(_every, self.settings.scrape_interval_s, self.scrape_loads)
+            tg.start_soon(_every, self.settings.upstream.health_interval_s, self.check_health)
+            tg.start_soon(_every, self.settings.upstream.scrape_interval_s, self.scrape_loads)
 
     async def check_once(self) -> None:
         """One round: the health of every engine, then the loads of the up ones."""
@@ -166,7 +166,7 @@ class EngineMonitor:
         results: dict[str, bool] = {}
         async with anyio.create_task_group() as tg:
             for engine in list(self.pool.engines.values()):
-                tg.start_soon(_probe, engine, self.settings.health_timeout_s, results)
+                tg.start_soon(_probe, engine, self.settings.upstream.health_timeout_s, results)
         for name, ok in results.items():
             if name in epochs and self._epoch.get(name) == epochs[name]:
                 self._record(name, ok)
@@ -188,7 +188,7 @@ class EngineMonitor:
         if name not in self.up:
             return  # it left discovery meanwhile
         self._epoch[name] += 1
-        self.failures[name] = max(self.failures[name], self.settings.unhealthy_after)
+        self.failures[name] = max(self.failures[name], self.settings.upstream.unhealthy_after)
         if self.up[name]:
             logger.warning("engine %s ejected: %s", name, reason)
             self.ejected_because[name] = reason
@@ -201,7 +201,7 @@ class EngineMonitor:
         self.request_errors[name] += 1
         if isinstance(error, EngineTimeout):
             self.mark_failed(name, f"a stream timed out ({error})")
-        elif self.request_errors[name] >= self.settings.outlier_consecutive_errors:
+        elif self.request_errors[name] >= self.settings.upstream.outlier_consecutive_errors:
             self.mark_failed(name, f"{self.request_errors[name]} requests failed in a row")
 
     def answered(self, name: str) -> None:
@@ -233,7 +233,7 @@ class EngineMonitor:
                 self._set_up(name, True)
             return
         self.failures[name] += 1
-        if self.up[name] and self.failures[name] >= self.settings.unhealthy_after:
+        if self.up[name] and self.failures[name] >= self.settings.upstream.unhealthy_after:
             reason = f"{self.failures[name]} health checks failed in a row"
             logger.warning("engine %s ejected: %s", name, reason)
             self.ejected_because[name] = reason

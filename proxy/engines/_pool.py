@@ -26,7 +26,7 @@ def make_http_client(
 ) -> httpx.AsyncClient:
     """The one client for all upstream traffic; the caller closes it.
 
-    Connects time out after ``settings.connect_timeout_s``; reads never do (a
+    Connects time out after ``settings.upstream.connect_timeout_s``; reads never do (a
     stream may run for minutes; control calls set their own limit). Engines are
     asked not to compress (``Accept-Encoding: identity``) so raw bytes can be
     passed through to clients as they are, and proxy variables in the environment
@@ -53,7 +53,7 @@ def make_http_client(
     return httpx.AsyncClient(
         transport=transport,
         timeout=httpx.Timeout(
-            connect=settings.connect_timeout_s, read=None, write=WRITE_TIMEOUT_S, pool=None
+            connect=settings.upstream.connect_timeout_s, read=None, write=WRITE_TIMEOUT_S, pool=None
         ),
         headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
         trust_env=False,

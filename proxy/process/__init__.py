@@ -27,9 +27,9 @@ __all__ = ["run"]
 
 def run(settings: Settings, log_level: str = "info") -> int:
     """Run the proxy until SIGTERM or SIGINT, then drain; the exit status. With
-    ``settings.workers`` above 1, as that many worker processes
+    ``settings.replicas.workers`` above 1, as that many worker processes
     (:func:`proxy.process.workers.run_workers`), else in this one
     (:func:`proxy.process.uvicorn_server.run_uvicorn`)."""
-    if settings.workers > 1:
+    if settings.replicas.workers > 1:
         return run_workers(settings, log_level)
     return run_uvicorn(settings, log_level)

@@ -45,7 +45,7 @@ def begin_drain(state: ProxyState) -> None:
         "draining: %d queued requests answered 503; requests in flight have %g s to "
         "finish before they are aborted upstream",
         queued,
-        state.settings.drain_timeout_s,
+        state.settings.serving.drain_timeout_s,
     )
 
 
@@ -94,10 +94,10 @@ def uvicorn_config(app: ASGIApp, settings: Settings, log_level: str = "info") ->
     drain's timeout, and connections under the slow-client limits."""
     return uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.serving.host,
+        port=settings.serving.port,
         log_level=log_level,
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # whole seconds
+        timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_s),  # whole seconds
         http=http_protocol(client_limits(settings)),
         ws="none",  # no WebSocket routes: an upgrade is an ordinary request
     )
@@ -106,8 +106,8 @@ def uvicorn_config(app: ASGIApp, settings: Settings, log_level: str = "info") ->
 def client_limits(settings: Settings) -> ClientLimits:
     """The slow-client limits of the settings (:mod:`proxy.process.slow_clients`)."""
     return ClientLimits(
-        header_timeout_s=settings.header_timeout_s,
-        max_incomplete=settings.max_incomplete_connections,
+        header_timeout_s=settings.edge.header_timeout_s,
+        max_incomplete=settings.edge.max_incomplete_connections,
     )
 
 
@@ -115,8 +115,8 @@ def run_uvicorn(
     settings: Settings, log_level: str = "info", sockets: list[socket.socket] | None = None
 ) -> int:
     """Build the app (:func:`~proxy.server.create_app`) and serve it on ``sockets``
-    (default: bind ``settings.host``:``settings.port``) until SIGTERM or SIGINT, then
-    drain; 0, or :data:`STARTUP_FAILURE` if the app never started."""
+    (default: bind ``settings.serving.host``:``settings.serving.port``) until SIGTERM
+    or SIGINT, then drain; 0, or :data:`STARTUP_FAILURE` if the app never started."""
     app: FastAPI = create_app(settings)
     gc.set_threshold(*GC_THRESHOLDS)
 

@@ -63,17 +63,17 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def worker_ids(settings: Settings, base: str) -> list[str]:
     """The replica id of each worker: ``replica_id`` (else ``base``) and ``-wI``."""
-    name = settings.replica_id or base
-    return [f"{name}-w{i}" for i in range(settings.workers)]
+    name = settings.replicas.replica_id or base
+    return [f"{name}-w{i}" for i in range(settings.replicas.workers)]
 
 
 def bind(settings: Settings) -> socket.socket:
     """The listening socket on ``host``:``port``, as uvicorn binds it."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in settings.serving.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((settings.host, settings.port))
+        sock.bind((settings.serving.host, settings.serving.port))
     except OSError:
         sock.close()
         raise
@@ -83,18 +83,22 @@ def bind(settings: Settings) -> socket.socket:
 
 
 def run_workers(settings: Settings, log_level: str = "info") -> int:
-    """Run ``settings.workers`` workers on one listening socket until SIGTERM or
+    """Run ``settings.replicas.workers`` workers on one listening socket until SIGTERM or
     SIGINT, or until one exits; the exit status (0: all drained and exited 0)."""
     try:
         sock = bind(settings)
     except OSError as exc:
-        logger.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
+        logger.error(
+            "cannot listen on %s:%d: %s", settings.serving.host, settings.serving.port, exc
+        )
         return 1
     context = multiprocessing.get_context("spawn")
     workers: list[BaseProcess] = []
     with sock:
         for i, replica in enumerate(worker_ids(settings, default_replica_id())):
-            mine = replace(settings, replica_id=replica, workers=1)
+            mine = replace(
+                settings, replicas=replace(settings.replicas, replica_id=replica, workers=1)
+            )
             process = context.Process(
                 target=worker_main,
                 args=(mine, log_level, sock, os.getpid(), i),

@@ -289,11 +289,11 @@ def test_store_holds_the_files(proxy: ProxyServer, client: openai.OpenAI) -> Non
     """SQLite: a database file and a folder beside it; PostgreSQL: the bytes in the
     database (any replica serves them)."""
     uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line("a")])), purpose="batch")
-    if proxy.settings.batch_store == "sqlite":
-        path = Path(proxy.settings.batch_store_path)
+    if proxy.settings.batch.store == "sqlite":
+        path = Path(proxy.settings.batch.store_path)
         assert path.exists() and Path(f"{path}.files/{uploaded.id}").is_file()
         return
-    with psycopg.connect(proxy.settings.batch_dsn) as conn:
+    with psycopg.connect(proxy.settings.batch.dsn) as conn:
         sql = "SELECT string_agg(data, '' ORDER BY n) FROM file_chunks WHERE file_id = %s"
         row = conn.execute(sql, (uploaded.id,)).fetchone()
     assert row is not None and row[0] == jsonl([chat_line("a")])

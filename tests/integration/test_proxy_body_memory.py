@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,24 +31,16 @@ import httpx
 import psutil
 import pytest
 
-from proxy.config import Settings
+from proxy.config import EdgeSettings
 from tests.support import MODEL
-from tests.support.processes import (
-    Child,
-    free_port,
-    logged_child,
-    loopback_url,
-    serve_command,
-    wait_until_ok,
-)
 
-from .proxyserver import spawn_sim
+from .proxyserver import engine, logged_proxy, spawn_sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 CLIENTS = 64
-BODY_BYTES = Settings.max_body_bytes - 1024  # just under the limit
-BUDGET = Settings.max_body_bytes_in_flight
+BODY_BYTES = EdgeSettings.max_body_bytes - 1024  # just under the limit
+BUDGET = EdgeSettings.max_body_bytes_in_flight
 PEAK_BUDGETS = 10
 BACK_WITHIN = 1.10
 BACK_WAIT_S = 10.0
@@ -166,21 +156,10 @@ async def run(url: str, proxy: psutil.Process) -> Run:
     return Run(baseline, peak, after, list(finals), answers, took_s, exact)
 
 
-@contextmanager
-def serve(tmp_path: Path, engine_url: str) -> Iterator[tuple[Child, str]]:
-    port = free_port()
-    engine = {"url": engine_url, "name": "a", "models": [MODEL]}
-    command = serve_command(tmp_path / "whoseturn.yaml", port=port, engines=[engine])
-    with logged_child("proxy", command, tmp_path / "logs") as child:
-        url = loopback_url(port)
-        wait_until_ok(f"{url}/readyz", process=child.process, what="the proxy", timeout_s=20)
-        yield child, url
-
-
 def test_64_large_bodies_at_once_cost_a_bounded_peak_and_the_memory_comes_back(
     tmp_path: Path,
 ) -> None:
-    with spawn_sim() as sim, serve(tmp_path, sim.base_url) as (child, url):
+    with spawn_sim() as sim, logged_proxy(tmp_path, [engine(sim.base_url, "a")]) as (child, url):
         out = asyncio.run(run(url, psutil.Process(child.process.pid)))
         child.check_alive()
     report = out.report()

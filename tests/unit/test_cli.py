@@ -214,7 +214,9 @@ class Runner:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, settings: Settings, log_level: str) -> int:
-        self.calls.append({"host": settings.host, "port": settings.port, "log_level": log_level})
+        self.calls.append(
+            {"host": settings.serving.host, "port": settings.serving.port, "log_level": log_level}
+        )
         return 0
 
 
@@ -296,12 +298,30 @@ def test_a_bad_setting_is_an_error_not_a_traceback(
 # --- the example settings file ----------------------------------------------------------
 
 
+def test_the_example_file_lists_each_setting_under_its_section() -> None:
+    sections: dict[str, list[str]] = {}
+    for line in (ROOT / "whoseturn.example.yaml").read_text().splitlines():
+        if header := re.match(r"# --- (\w+):", line):
+            current = sections.setdefault(header[1], [])
+        elif (key := re.match(r"(\w+):", line)) and key[1] != "engines":
+            current.append(key[1])
+    settings = Settings(engines=())
+    expected = {
+        name: [
+            f"{type(getattr(settings, name)).PREFIX}{f.name}"
+            for f in dataclasses.fields(getattr(settings, name))
+        ]
+        for name in (f.name for f in dataclasses.fields(Settings) if f.name != "engines")
+    }
+    assert sections == expected
+
+
 def test_the_example_file_is_valid_and_names_every_setting() -> None:
     path = ROOT / "whoseturn.example.yaml"
     settings = load_settings(str(path), env={}, cwd=ROOT)
     assert settings == load_settings(None, {"engines": ["http://127.0.0.1:8000"]}, env={})
     data = yaml.safe_load(path.read_text())
-    assert set(data) == {f.name for f in dataclasses.fields(Settings)}
+    assert set(data) == {"engines", *settings.keys()}
     assert set(data["engines"][0]) == {f.name for f in dataclasses.fields(EngineConfig)}
     for line in path.read_text().splitlines():
         if re.match(r"\s*-?\s*\w+:", line):
@@ -357,7 +377,7 @@ def test_serve_workers_flag_reaches_the_settings(tmp_path: Path) -> None:
     cli.serve(
         serve_args("--engine", "http://e:1", "--workers", "2"), env=env, cwd=tmp_path, run=run
     )
-    assert [s.workers for s in seen] == [3, 2]
+    assert [s.replicas.workers for s in seen] == [3, 2]
 
 
 def test_each_worker_is_a_replica_of_its_own() -> None:

@@ -38,7 +38,12 @@ def test_defaults_for_a_bare_url() -> None:
     s = settings_from_dict({"engines": [URL + "/"]})
     assert s.engines == (EngineConfig(url=URL, name="engine-0"),)
     assert s.engines[0].budget == BudgetConfig()
-    assert (s.host, s.port, s.class_override, s.api_keys) == ("127.0.0.1", 8080, None, ())
+    assert (s.serving.host, s.serving.port, s.access.class_override, s.access.api_keys) == (
+        "127.0.0.1",
+        8080,
+        None,
+        (),
+    )
 
 
 def test_engine_mapping_in_full() -> None:
@@ -66,8 +71,8 @@ def test_engine_mapping_in_full() -> None:
     assert a.scheduling_policy == "priority"
     assert a.budget == BudgetConfig(initial_tokens=1000, min_tokens=100, max_tokens=2000)
     assert b.name == "engine-1"
-    assert s.class_override == ("k1", "k2")
-    assert s.api_keys == ("k1",)
+    assert s.access.class_override == ("k1", "k2")
+    assert s.access.api_keys == ("k1",)
 
 
 # -- precedence ---------------------------------------------------------------------------
@@ -80,10 +85,10 @@ def test_file_then_env_then_overrides(tmp_path: Path) -> None:
     )
     env = {"WHOSETURN_PORT": "9100", "WHOSETURN_TTFT_TARGET_S": "0.4"}
     s = load(tmp_path, env, config_file=str(config), overrides={"port": 9200, "host": None})
-    assert s.port == 9200  # flag beats env beats file
-    assert s.ttft_target_s == 0.4  # env beats file
-    assert s.gap_target_s == 0.2  # file alone
-    assert s.host == "0.0.0.0"  # a flag left unset (None) does not override
+    assert s.serving.port == 9200  # flag beats env beats file
+    assert s.serving.ttft_target_s == 0.4  # env beats file
+    assert s.serving.gap_target_s == 0.2  # file alone
+    assert s.serving.host == "0.0.0.0"  # a flag left unset (None) does not override
 
 
 def test_env_engines_replace_file_engines(tmp_path: Path) -> None:
@@ -101,13 +106,13 @@ def test_flag_engines_replace_env_engines(tmp_path: Path) -> None:
 
 def test_default_file_in_cwd_is_picked_up(tmp_path: Path) -> None:
     write(tmp_path / DEFAULT_CONFIG_FILE, f"port: 8181\nengines: [{URL}]\n")
-    assert load(tmp_path).port == 8181
+    assert load(tmp_path).serving.port == 8181
 
 
 def test_whoseturn_config_env_names_the_file(tmp_path: Path) -> None:
     write(tmp_path / DEFAULT_CONFIG_FILE, f"port: 8181\nengines: [{URL}]\n")
     other = write(tmp_path / "other.yaml", f"port: 8282\nengines: [{URL}]\n")
-    assert load(tmp_path, {"WHOSETURN_CONFIG": str(other)}).port == 8282
+    assert load(tmp_path, {"WHOSETURN_CONFIG": str(other)}).serving.port == 8282
 
 
 def test_no_file_and_no_engines_says_how_to_give_one(tmp_path: Path) -> None:
@@ -215,8 +220,8 @@ def test_piecing_in_yaml_reads_a_bare_off_or_on(tmp_path: Path) -> None:
 
 def test_integral_float_targets_accepted() -> None:
     s = settings_from_dict({"engines": [URL], "ttft_target_s": 1, "gap_target_s": 0.05})
-    assert s.ttft_target_s == 1.0
-    assert isinstance(s.ttft_target_s, float)
+    assert s.serving.ttft_target_s == 1.0
+    assert isinstance(s.serving.ttft_target_s, float)
 
 
 @pytest.mark.parametrize(
@@ -247,9 +252,9 @@ def test_config_error_is_a_value_error() -> None:
 
 
 def test_max_body_bytes_defaults_to_8_mib_and_reads_the_env(tmp_path: Path) -> None:
-    assert load(tmp_path, {"WHOSETURN_ENGINES": URL}).max_body_bytes == 8 * 1024 * 1024
+    assert load(tmp_path, {"WHOSETURN_ENGINES": URL}).edge.max_body_bytes == 8 * 1024 * 1024
     env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_MAX_BODY_BYTES": "65536"}
-    assert load(tmp_path, env).max_body_bytes == 65536
+    assert load(tmp_path, env).edge.max_body_bytes == 65536
 
 
 @pytest.mark.parametrize("value", [0, 1023, "big", 1.5])
@@ -265,7 +270,7 @@ def test_read_timeouts_from_the_env(tmp_path: Path) -> None:
         "WHOSETURN_IDLE_TIMEOUT_S": "3",
     }
     s = load(tmp_path, env)
-    assert (s.first_byte_timeout_s, s.idle_timeout_s) == (12.5, 3.0)
+    assert (s.upstream.first_byte_timeout_s, s.upstream.idle_timeout_s) == (12.5, 3.0)
 
 
 @pytest.mark.parametrize(
@@ -279,23 +284,23 @@ def test_timeouts_and_outlier_threshold_refuse_nonsense(key: str, value: float) 
 
 def test_drain_timeout_from_the_env_and_never_negative(tmp_path: Path) -> None:
     env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_DRAIN_TIMEOUT_S": "7"}
-    assert load(tmp_path, env).drain_timeout_s == 7.0
+    assert load(tmp_path, env).serving.drain_timeout_s == 7.0
     with pytest.raises(ConfigError, match=r"^drain_timeout_s:"):
         settings_from_dict({"engines": [URL], "drain_timeout_s": -1})
 
 
 def test_hold_rules_from_the_file_and_the_env(tmp_path: Path) -> None:
     s = settings_from_dict({"engines": [URL]})
-    assert (s.batch_min_share, s.hold_timeout_s) == (0.05, 10.0)
+    assert (s.sharing.batch_min_share, s.sharing.hold_timeout_s) == (0.05, 10.0)
     s = settings_from_dict({"engines": [URL], "batch_min_share": 0.2, "hold_timeout_s": 3})
-    assert (s.batch_min_share, s.hold_timeout_s) == (0.2, 3.0)
+    assert (s.sharing.batch_min_share, s.sharing.hold_timeout_s) == (0.2, 3.0)
     env = {
         "WHOSETURN_ENGINES": URL,
         "WHOSETURN_BATCH_MIN_SHARE": "0.1",
         "WHOSETURN_HOLD_TIMEOUT_S": "2.5",
     }
     s = load(tmp_path, env)
-    assert (s.batch_min_share, s.hold_timeout_s) == (0.1, 2.5)
+    assert (s.sharing.batch_min_share, s.sharing.hold_timeout_s) == (0.1, 2.5)
 
 
 @pytest.mark.parametrize(
@@ -309,13 +314,13 @@ def test_hold_rules_refuse_nonsense(key: str, value: float) -> None:
 
 def test_batch_abort_from_the_file_and_the_env(tmp_path: Path) -> None:
     s = settings_from_dict({"engines": [URL]})
-    assert (s.batch_abort, s.batch_abort_max) == ("auto", 3)
+    assert (s.sharing.batch_abort, s.sharing.batch_abort_max) == ("auto", 3)
     text = f"engines: [{URL}]\nbatch_abort: off\nbatch_abort_max: 5\n"  # a bare off: a bool
     s = load(tmp_path, config_file=str(write(tmp_path / "w.yaml", text)))
-    assert (s.batch_abort, s.batch_abort_max) == ("off", 5)
+    assert (s.sharing.batch_abort, s.sharing.batch_abort_max) == ("off", 5)
     env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_BATCH_ABORT": "on"}
     s = load(tmp_path, env | {"WHOSETURN_BATCH_ABORT_MAX": "1"})
-    assert (s.batch_abort, s.batch_abort_max) == ("on", 1)
+    assert (s.sharing.batch_abort, s.sharing.batch_abort_max) == ("on", 1)
 
 
 @pytest.mark.parametrize(
@@ -331,7 +336,7 @@ def test_dns_engine_groups_and_their_interval() -> None:
     settings = settings_from_dict(
         {"dns_interval_s": 2, "engines": ["dns+http://vllm-headless.ns.svc:8000", "http://b:1"]}
     )
-    assert settings.dns_interval_s == 2.0
+    assert settings.upstream.dns_interval_s == 2.0
     assert [e.by_dns for e in settings.engines] == [True, False]
     with pytest.raises(ConfigError, match=r"engines\[0\].url: expected http\(s\)://host:port or"):
         settings_from_dict({"engines": ["dns+ftp://x:1"]})
@@ -345,9 +350,9 @@ DSN = "postgresql://ledger@127.0.0.1/whoseturn"
 
 
 def test_workers_default_to_one_and_read_the_env(tmp_path: Path) -> None:
-    assert settings_from_dict({"engines": [URL]}).workers == 1
+    assert settings_from_dict({"engines": [URL]}).replicas.workers == 1
     env = {"WHOSETURN_ENGINES": URL, "WHOSETURN_WORKERS": "3", "WHOSETURN_LEDGER_DSN": DSN}
-    assert load(tmp_path, env).workers == 3
+    assert load(tmp_path, env).replicas.workers == 3
 
 
 def test_several_workers_without_the_ledger_are_refused_and_told_why() -> None:
@@ -357,7 +362,10 @@ def test_several_workers_without_the_ledger_are_refused_and_told_why() -> None:
     assert "2 worker processes need ledger_dsn" in caught.value.why
     assert "own batch prefill budget" in caught.value.why
     assert "2 x B batch tokens in prefill on one engine" in caught.value.why
-    assert settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN}).workers == 2
+    assert (
+        settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN}).replicas.workers
+        == 2
+    )
 
 
 @pytest.mark.parametrize("value", [0, -1])
@@ -371,4 +379,4 @@ def test_several_workers_cannot_share_the_sqlite_batch_store() -> None:
     with pytest.raises(ConfigError, match="cannot share the SQLite batch store"):
         settings_from_dict(data)
     data.update(batch_store="postgres", batch_dsn=DSN)
-    assert settings_from_dict(data).workers == 2
+    assert settings_from_dict(data).replicas.workers == 2

@@ -99,14 +99,14 @@ def test_postgres_env_points_every_replica_at_the_stacks_postgresql(proxy: str) 
         env=proxy_env(compose["services"][proxy]),
         cwd=COMPOSE_DIR,
     )
-    assert settings.batch_store == "postgres"
-    for dsn in (settings.batch_dsn, settings.ledger_dsn):
+    assert settings.batch.store == "postgres"
+    for dsn in (settings.batch.dsn, settings.replicas.ledger_dsn):
         url = urlsplit(dsn)
         assert (url.hostname, url.port) == ("postgres", 5432), proxy
         assert url.username == postgres["POSTGRES_USER"]
         assert url.password == postgres["POSTGRES_PASSWORD"]
         assert url.path == "/" + postgres["POSTGRES_DB"]
-    assert settings.batch_dsn == settings.ledger_dsn
+    assert settings.batch.dsn == settings.replicas.ledger_dsn
 
 
 @pytest.mark.parametrize("proxy", PROXIES)
@@ -118,7 +118,11 @@ def test_without_postgres_env_the_proxy_keeps_sqlite_and_its_own_budget(
         env=proxy_env(compose["services"][proxy]),
         cwd=COMPOSE_DIR,
     )
-    assert (settings.batch_store, settings.batch_dsn, settings.ledger_dsn) == ("sqlite", "", "")
+    assert (settings.batch.store, settings.batch.dsn, settings.replicas.ledger_dsn) == (
+        "sqlite",
+        "",
+        "",
+    )
 
 
 def test_the_replicas_publish_different_ports_and_keep_their_own_volumes(
@@ -199,11 +203,11 @@ def test_proxy_port_and_scrape_target_line_up(compose: dict[str, Any]) -> None:
     settings = proxy_settings()
     proxy = compose["services"]["whoseturn"]
     published = [p.split(":") for p in proxy["ports"]]
-    assert [int(container) for _, container in published] == [settings.port]
-    assert settings.host == "0.0.0.0"
+    assert [int(container) for _, container in published] == [settings.serving.port]
+    assert settings.serving.host == "0.0.0.0"
     prometheus = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in prometheus["scrape_configs"]}
-    assert jobs["whoseturn"] == [f"whoseturn:{settings.port}"]
+    assert jobs["whoseturn"] == [f"whoseturn:{settings.serving.port}"]
     assert mounts(proxy)["/etc/whoseturn/whoseturn.yaml"] == "./whoseturn.yaml"
 
 

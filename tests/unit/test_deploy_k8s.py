@@ -195,8 +195,8 @@ def test_the_proxy_reads_its_configmap_and_dials_the_engine_service(
     config.write_text(config_map["data"]["whoseturn.yaml"])
     settings = load_settings(str(config), env={}, cwd=tmp_path)
     (container,) = pod["containers"]
-    assert [p["containerPort"] for p in container["ports"]] == [settings.port]
-    assert settings.host == "0.0.0.0"
+    assert [p["containerPort"] for p in container["ports"]] == [settings.serving.port]
+    assert settings.serving.host == "0.0.0.0"
     service = one(objects, "Service", "whoseturn")
     assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
     engine_service = one(objects, "Service", "vllm")
@@ -226,10 +226,10 @@ def test_init_container_merges_the_api_keys_secret(
         script = script.replace(f'"{path}/', f'"{tmp_path}{path}/')
     merged = tmp_path / "etc/whoseturn/whoseturn.yaml"
     exec(script, {})  # no Secret: the settings as they are
-    assert load_settings(str(merged), env={}, cwd=tmp_path).api_keys == ()
+    assert load_settings(str(merged), env={}, cwd=tmp_path).access.api_keys == ()
     (tmp_path / "api-keys/api_keys.yaml").write_text("- key-one\n- key-two\n")
     exec(script, {})
-    keys = load_settings(str(merged), env={}, cwd=tmp_path).api_keys
+    keys = load_settings(str(merged), env={}, cwd=tmp_path).access.api_keys
     assert list(keys) == ["key-one", "key-two"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -300,7 +300,11 @@ def test_without_the_secret_the_batch_api_is_off_and_each_replica_keeps_its_budg
         return
     (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"]["containers"]
     settings = proxy_settings(objects, pod_env(container, {}), tmp_path)
-    assert (settings.ledger_dsn, settings.batch_dsn, settings.batch_store_path) == ("", "", "")
+    assert (settings.replicas.ledger_dsn, settings.batch.dsn, settings.batch.store_path) == (
+        "",
+        "",
+        "",
+    )
 
 
 def test_with_the_secret_every_replica_shares_jobs_and_budget_through_postgres(
@@ -313,8 +317,8 @@ def test_with_the_secret_every_replica_shares_jobs_and_budget_through_postgres(
     dsn = "postgresql://whoseturn:secret@postgres:5432/whoseturn"
     secret = {POSTGRES_SECRET: {"ledger_dsn": dsn, "batch_dsn": dsn}}
     settings = proxy_settings(objects, pod_env(container, secret), tmp_path)
-    assert settings.ledger_dsn == dsn  # the shared budget, in every overlay
+    assert settings.replicas.ledger_dsn == dsn  # the shared budget, in every overlay
     if name == "postgres":  # the Batch API on, its store shared
-        assert (settings.batch_store, settings.batch_dsn) == ("postgres", dsn)
+        assert (settings.batch.store, settings.batch.dsn) == ("postgres", dsn)
     else:
-        assert settings.batch_store == "sqlite" and settings.batch_store_path == ""
+        assert settings.batch.store == "sqlite" and settings.batch.store_path == ""

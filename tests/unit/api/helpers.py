@@ -136,7 +136,7 @@ class FakeEngines:
 
     def settings(self, **fields: Any) -> Settings:
         engines = tuple(self.config(name) for name in self.models)
-        return Settings(engines=fields.pop("engines", engines), **fields)
+        return Settings.from_keys(engines=fields.pop("engines", engines), **fields)
 
     def seen(self, path: str, engine: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.path == path and engine in (None, c.engine)]

@@ -93,7 +93,9 @@ def test_every_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
         return real(a, b)
 
     monkeypatch.setattr(auth.hmac, "compare_digest", counting)
-    settings = Settings(engines=(EngineConfig(name="e", url="http://e:1"),), api_keys=KEYS)
+    settings = Settings.from_keys(
+        engines=(EngineConfig(name="e", url="http://e:1"),), api_keys=KEYS
+    )
     assert auth.find_key(settings, USER) == ApiKey(key=USER)  # the first key matches...
     assert len(calls) == len(KEYS)  # ...and every key was still compared
     calls.clear()
@@ -164,13 +166,13 @@ def test_api_keys_config_takes_plain_strings_and_policies() -> None:
             "api_keys": ["k1", {"key": "k2", "role": "read"}, {"key": "k3", "classes": ["batch"]}],
         }
     )
-    assert s.api_keys[0] == "k1"
-    assert s.key_policies() == (
+    assert s.access.api_keys[0] == "k1"
+    assert s.access.key_policies() == (
         ApiKey(key="k1"),
         ApiKey(key="k2", role="read"),
         ApiKey(key="k3", classes=("batch",)),
     )
-    assert "k2" not in repr(s.key_policies())
+    assert "k2" not in repr(s.access.key_policies())
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def request(body: bytes = b"", /, **headers: str) -> Request:
 
 
 def settings(**fields: Any) -> Settings:
-    return Settings(engines=(EngineConfig(url="http://e:1", name="e"),), **fields)
+    return Settings.from_keys(engines=(EngineConfig(url="http://e:1", name="e"),), **fields)
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -33,6 +33,7 @@ import uvicorn
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.api.body_limits import BodyLimits
 from proxy.api.inflight import (
     LARGE_BODY_BYTES,
     SMALL_BODY_BYTES,
@@ -69,7 +70,7 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def guarded(app: ASGIApp = echo, **options: Any) -> Intake:
-    return Intake(app, max_body_bytes=1 << 20, **options)
+    return Intake(app, BodyLimits(max_body_bytes=1 << 20, **options))
 
 
 @contextmanager
@@ -368,9 +369,11 @@ async def test_uploads_under_their_own_limit_are_not_counted() -> None:
     gate = Gate()
     guard = Intake(
         gate,
-        max_body_bytes=LIMIT,
-        path_limits={"/v1/files": 4 * LIMIT},
-        max_body_bytes_in_flight=LIMIT,
+        BodyLimits(
+            max_body_bytes=LIMIT,
+            path_limits={"/v1/files": 4 * LIMIT},
+            max_body_bytes_in_flight=LIMIT,
+        ),
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=guard), base_url="http://proxy"
@@ -458,10 +461,14 @@ def test_malloc_trim_is_found_on_glibc() -> None:
 
 def test_the_edge_settings_default_to_a_reverse_proxys_values() -> None:
     settings = settings_from_dict({"engines": [ENGINE]})
-    assert settings.header_timeout_s == 10.0
-    assert settings.body_timeout_s == 30.0
-    assert settings.max_incomplete_connections == 1024
-    assert settings.max_body_bytes_in_flight == 8 * settings.max_body_bytes == 64 * 1024 * 1024
+    assert settings.edge.header_timeout_s == 10.0
+    assert settings.edge.body_timeout_s == 30.0
+    assert settings.edge.max_incomplete_connections == 1024
+    assert (
+        settings.edge.max_body_bytes_in_flight
+        == 8 * settings.edge.max_body_bytes
+        == 64 * 1024 * 1024
+    )
 
 
 def test_the_edge_settings_read_the_environment(tmp_path: Path) -> None:
@@ -473,9 +480,9 @@ def test_the_edge_settings_read_the_environment(tmp_path: Path) -> None:
         "WHOSETURN_MAX_BODY_BYTES_IN_FLIGHT": "16777216",
     }
     settings: Settings = load_settings(None, env=env, cwd=tmp_path)
-    assert (settings.header_timeout_s, settings.body_timeout_s) == (2.5, 4.0)
-    assert settings.max_incomplete_connections == 100
-    assert settings.max_body_bytes_in_flight == 16777216
+    assert (settings.edge.header_timeout_s, settings.edge.body_timeout_s) == (2.5, 4.0)
+    assert settings.edge.max_incomplete_connections == 100
+    assert settings.edge.max_body_bytes_in_flight == 16777216
 
 
 @pytest.mark.parametrize(

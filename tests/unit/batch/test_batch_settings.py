@@ -24,11 +24,11 @@ def test_a_limit_below_one_names_its_key(key: str) -> None:
 
 def test_the_store_path_comes_from_the_environment() -> None:
     env = {"WHOSETURN_BATCH_STORE_PATH": "/tmp/b.db", "WHOSETURN_ENGINES": "http://h:1"}
-    assert load_settings(None, env=env).batch_store_path == "/tmp/b.db"
+    assert load_settings(None, env=env).batch.store_path == "/tmp/b.db"
 
 
 def test_the_batch_api_is_off_by_default() -> None:
-    assert settings_from_dict(ENGINES).batch_store_path == ""
+    assert settings_from_dict(ENGINES).batch.store_path == ""
 
 
 def test_the_postgres_store_comes_from_the_environment_and_its_password_stays_out() -> None:
@@ -36,7 +36,7 @@ def test_the_postgres_store_comes_from_the_environment_and_its_password_stays_ou
     env = {"WHOSETURN_BATCH_STORE": "postgres", "WHOSETURN_BATCH_DSN": dsn,
            "WHOSETURN_ENGINES": "http://h:1"}  # fmt: skip
     settings = load_settings(None, env=env)
-    assert (settings.batch_store, settings.batch_dsn) == ("postgres", dsn)
+    assert (settings.batch.store, settings.batch.dsn) == ("postgres", dsn)
     assert "hunter2" not in repr(settings)
     shown = redacted(dsn)
     assert "hunter2" not in shown and "db.internal" in shown and "jobs" in shown

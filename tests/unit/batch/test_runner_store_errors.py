@@ -150,7 +150,7 @@ async def test_shutdown_closes_everything_after_a_loop_died(tmp_path: Path) -> N
     def engine(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"object": "list", "data": [{"id": "tiny"}]})
 
-    settings = Settings(
+    settings = Settings.from_keys(
         engines=(EngineConfig(url="http://engine-a:8000", name="a", models=("tiny",)),),
         batch_store_path=str(tmp_path / "b.db"),
     )

@@ -23,7 +23,7 @@ def engine_config(name: str = "a", models: tuple[str, ...] = ()) -> EngineConfig
 
 
 def make_settings(*configs: EngineConfig, unhealthy_after: int = 2) -> Settings:
-    return Settings(
+    return Settings.from_keys(
         engines=configs or (engine_config(),),
         unhealthy_after=unhealthy_after,
         health_interval_s=0.01,

@@ -78,7 +78,7 @@ async def test_discover_asks_engines_concurrently() -> None:
 async def test_make_http_client_settings() -> None:
     settings = make_settings()
     async with make_http_client(settings) as http:
-        assert http.timeout.connect == settings.connect_timeout_s
+        assert http.timeout.connect == settings.upstream.connect_timeout_s
         assert http.timeout.read is None
         assert http.timeout.pool is None
         assert http.headers["accept-encoding"] == "identity"

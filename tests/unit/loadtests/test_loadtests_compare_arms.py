@@ -48,7 +48,7 @@ def test_each_proxy_arm_configures_the_proxy_it_names(
 ) -> None:
     settings = _settings(key)
     assert settings.engines[0].piecing == piecing
-    assert settings.batch_min_share == min_share
+    assert settings.sharing.batch_min_share == min_share
 
 
 def test_the_default_flag_arms_ask_vllm_for_cached_token_counts() -> None:
