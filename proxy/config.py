@@ -1,7 +1,9 @@
 """The proxy's settings: YAML file, then ``WHOSETURN_*`` environment, then flags.
 
 Everything is validated when loaded, with an error that names the bad key, so a
-typo stops the proxy at start rather than at the first request. Example file::
+typo stops the proxy at start rather than at the first request. The file's keys are
+flat; :class:`Settings` holds them in the sections ``whoseturn.example.yaml`` groups
+them in (``batch_store_path`` is ``settings.batch.store_path``). Example file::
 
     port: 8080
     ttft_target_s: 0.3            # interactive TTFT target (the budget loop aims below)
