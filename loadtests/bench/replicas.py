@@ -29,25 +29,20 @@ import asyncio
 import itertools
 import json
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from loadtests.engine_io.metrics import labelled_samples
-from loadtests.support.processes import (
-    free_port,
-    loopback_url,
-    running,
-    serve_command,
-    wait_until_ok,
-    whoseturn_command,
-)
+from loadtests.support.processes import Server as Server  # the replicas test reads it
+from loadtests.support.processes import serve_command, serving, whoseturn_command
 
 MODEL = "tiny"
 PEAK = "whoseturn_sim_prefill_prompt_tokens_peak"
@@ -57,16 +52,16 @@ PEAK = "whoseturn_sim_prefill_prompt_tokens_peak"
 class Plan:
     """One run's shape; the defaults fit two shared CPU cores."""
 
-    budget: int = 600
-    batch_prompt: int = 200
-    batch_tokens: int = 8
-    batch_workers: int = 12
-    chat_workers: int = 4
-    chat_tokens: int = 16
+    budget: int = 600  # each engine's fixed prefill budget, tokens
+    batch_prompt: int = 200  # tokens per batch prompt
+    batch_tokens: int = 8  # tokens per batch answer
+    batch_workers: int = 12  # batch requests kept in flight (each sends the next on its answer)
+    chat_workers: int = 4  # chat streams, each pausing chat_pause_s between its chats
+    chat_tokens: int = 16  # tokens per chat answer
     chat_pause_s: float = 0.2
-    duration_s: float = 20.0
-    time_scale: float = 2.0
-    lease_s: float = 2.0
+    duration_s: float = 20.0  # of each arm's load
+    time_scale: float = 2.0  # the engines' --time-scale
+    lease_s: float = 2.0  # the replicas' ledger_lease_s
     ledger_interval_s: float = 0.1
 
 
@@ -106,28 +101,23 @@ def percentile(values: Sequence[float], q: float) -> float:
 # -- processes -------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen[bytes]
-
-
 @contextmanager
 def engines(plan: Plan) -> Iterator[list[Server]]:
     """Two fresh simulated engines."""
+
+    def sim(*, port: int) -> list[str]:
+        return whoseturn_command(
+            "sim", "--profile", "cpu-tiny", "--served-model-name", MODEL,
+            "--scheduling-policy", "priority", "--time-scale", str(plan.time_scale),
+            "--port", str(port),
+        )  # fmt: skip
+
     with ExitStack() as stack:
         out = []
         for _ in range(2):
-            port = free_port()
-            command = whoseturn_command(
-                "sim", "--profile", "cpu-tiny", "--served-model-name", MODEL,
-                "--scheduling-policy", "priority", "--time-scale", str(plan.time_scale),
-                "--port", str(port),
-            )  # fmt: skip
-            process = stack.enter_context(running(command))
-            url = loopback_url(port)
-            wait_until_ok(url + "/health", process=process, what="the simulated engine")
-            out.append(Server(url, process))
+            engine = stack.enter_context(serving(sim))
+            engine.wait_ready("/health", what="the simulated engine")
+            out.append(engine)
         yield out
 
 
@@ -142,7 +132,7 @@ def proxies(
          "budget": budget}
         for i, url in enumerate(engine_urls)
     ]  # fmt: skip
-    shared = {
+    shared: dict[str, Any] = {
         "ledger_dsn": dsn,
         "ledger_lease_s": plan.lease_s,
         "ledger_interval_s": plan.ledger_interval_s,
@@ -152,15 +142,13 @@ def proxies(
     with ExitStack() as stack:
         out = []
         for n in range(count):
-            port = free_port()
-            command = serve_command(
-                root / f"replica-{n}.yaml", port=port, engines=configs, replica_id=f"r{n}",
+            command = partial(
+                serve_command, root / f"replica-{n}.yaml", engines=configs, replica_id=f"r{n}",
                 scrape_interval_s=0.2, health_interval_s=0.5, **shared,
             )  # fmt: skip
-            process = stack.enter_context(running(command))
-            url = loopback_url(port)
-            wait_until_ok(url + "/readyz", process=process, what=f"proxy replica {n}")
-            out.append(Server(url, process))
+            replica = stack.enter_context(serving(command))
+            replica.wait_ready("/readyz", what=f"proxy replica {n}")
+            out.append(replica)
         yield out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.demo.setup import ENGINE_FLAGS, PROXY_SETTINGS, servers
-from loadtests.harness.runs import ArmResult, finish, run_plan
+from loadtests.harness.runs import ArmResult, ArmTarget, finish, run_plan
 from loadtests.harness.traffic import direct_route, proxy_route
 from loadtests.harness.workload_file import Workload, load_workload
 
@@ -77,17 +77,8 @@ def run_demo(args: argparse.Namespace) -> int:
             route = proxy_route(s.proxy) if s.proxy else direct_route(s.engines)
             watched = {f"engine-{n}": url for n, url in enumerate(s.engines)}
             watched.update({"proxy": s.proxy} if s.proxy else {})
-            arms[arm] = asyncio.run(
-                run_plan(
-                    workload,
-                    route,
-                    arm=arm,
-                    proxy=s.proxy,
-                    out=out,
-                    console=console,
-                    servers=watched,
-                )
-            )
+            target = ArmTarget(arm, route, s.proxy, watched)
+            arms[arm] = asyncio.run(run_plan(workload, target, out=out, console=console))
             commands[arm] = s.commands
     finish(
         out,

@@ -94,7 +94,12 @@ class Record:
         )
 
     def assessment(self) -> Assessment:
-        """The answer judged (:func:`loadtests.harness.validity.assess`)."""
+        """The answer judged (:func:`loadtests.harness.validity.assess`). A stream the
+        client closed on purpose is judged on what it streamed: whole (so valid) if it
+        streamed tokens, without error, until then; its schema is not checked (a
+        partial answer)."""
+        if self.closed_at is not None:
+            return Assessment(self.status == 200 and self.error is None and bool(self.token_times))
         return assess(
             status=self.status,
             error=self.error,
@@ -109,24 +114,18 @@ class Record:
     def whole(self) -> bool:
         """A whole answer (:mod:`loadtests.harness.validity`): status 200, no error, ended by
         length at exactly ``max_tokens`` tokens (or, asked for JSON with a schema, by
-        stop within them). A stream the client closed on purpose is whole if it
-        streamed tokens, without error, until then."""
-        if self.closed_at is not None:
-            return self.status == 200 and self.error is None and bool(self.token_times)
+        stop within them); for a stream closed early, see :meth:`assessment`."""
         return self.assessment().whole
 
     @property
     def schema_valid(self) -> bool | None:
         """Whether a whole answer follows its prompt's schema; None without a schema,
         for an answer not whole, and for a stream closed early (a partial answer)."""
-        return None if self.closed_at is not None else self.assessment().schema_valid
+        return self.assessment().schema_valid
 
     @property
     def valid(self) -> bool:
-        """Whole and, when the prompt carries a schema, schema-valid. A stream the
-        client closed on purpose is valid if it is whole (its schema is not checked)."""
-        if self.closed_at is not None:
-            return self.whole
+        """Whole and, when the prompt carries a schema, schema-valid."""
         return self.assessment().valid
 
     @classmethod
@@ -135,16 +134,9 @@ class Record:
         return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            ttft=self.ttft,
-            done=self.done,
-            worst_gap=self.worst_gap,
-            whole=self.whole,
-            schema_valid=self.schema_valid,
-            valid=self.valid,
-        )
-        return out
+        """The fields, the times derived from them and the verdict (judged once)."""
+        times = {"ttft": self.ttft, "done": self.done, "worst_gap": self.worst_gap}
+        return {**asdict(self), **times, **self.assessment().to_json()}
 
 
 async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) -> Record:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loadtests.harness.engines import started
-from loadtests.harness.runs import ArmResult, finish, run_plan
+from loadtests.harness.runs import ArmResult, ArmTarget, finish, run_plan
 from loadtests.harness.traffic import direct_route, proxy_route
 from loadtests.harness.workload_file import Workload, WorkloadError, load_workload, narrowed
 
@@ -116,31 +116,11 @@ def run_loadtest(args: argparse.Namespace) -> int:
     if workload.engines is not None:
         return _run_started(args, workload, out, console)
     target = args.target.rstrip("/")
-    arms: dict[str, ArmResult] = {}
-    if args.direct:
-        engines = [url.rstrip("/") for url in args.direct]
-        arms["direct"] = asyncio.run(
-            run_plan(
-                workload,
-                direct_route(engines),
-                arm="direct",
-                proxy=None,
-                out=out,
-                console=console,
-                servers=_names(engines),
-            )
-        )
-    arms["proxy"] = asyncio.run(
-        run_plan(
-            workload,
-            proxy_route(target),
-            arm="proxy",
-            proxy=target,
-            out=out,
-            console=console,
-            servers={"proxy": target, **_names([u.rstrip("/") for u in args.direct])},
-        )
-    )
+    engines = [url.rstrip("/") for url in args.direct]
+    proxy = ArmTarget("proxy", proxy_route(target), target, {"proxy": target, **_names(engines)})
+    direct = ArmTarget("direct", direct_route(engines), servers=_names(engines))
+    targets = [direct, proxy] if engines else [proxy]  # the direct arm runs first
+    arms = {t.name: asyncio.run(run_plan(workload, t, out=out, console=console)) for t in targets}
     setup = {"target": target, "direct": args.direct, "launch": args.setup_note or None}
     intro = f"Workload `{args.workload}` against the proxy at {target}" + (
         f" and directly against {', '.join(args.direct)}." if args.direct else "."
@@ -164,18 +144,9 @@ def _run_started(args: argparse.Namespace, workload: Workload, out: Path, consol
             engines = [e.url for e in s.engines]
             proxy = s.proxy.url if s.proxy else None
             route = proxy_route(proxy) if proxy else direct_route(engines)
-            result = asyncio.run(
-                run_plan(
-                    workload,
-                    route,
-                    arm=spec.name,
-                    proxy=proxy,
-                    out=out,
-                    console=console,
-                    servers={srv.name: srv.url for srv in s.servers()},
-                    priority=spec.priority,
-                )
-            )
+            watched = {srv.name: srv.url for srv in s.servers()}
+            arm = ArmTarget(spec.name, route, proxy, watched, spec.priority)
+            result = asyncio.run(run_plan(workload, arm, out=out, console=console))
             result.started = [srv.to_json() for srv in s.servers()]
             arms[spec.name] = result
     setup = {

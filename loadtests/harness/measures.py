@@ -66,20 +66,21 @@ def tpot(record: Record) -> float | None:
 
 @dataclass(frozen=True)
 class ClassSummary:
-    """One traffic class of one arm over the measured window (seconds, counts)."""
+    """One traffic class of one arm over the measured window (seconds, counts); NaN
+    for a figure the class has none of (a ``batch-api`` class streams nothing)."""
 
     requests: int
     valid: int
-    ttft_p50: float
-    ttft_p95: float
-    ttft_p99: float
-    itl_p50: float
-    itl_p95: float
-    tpot_p50: float
-    done_p50: float
-    done_p95: float
-    queue_p95: float
-    valid_per_hour: float
+    ttft_p50: float = math.nan
+    ttft_p95: float = math.nan
+    ttft_p99: float = math.nan
+    itl_p50: float = math.nan
+    itl_p95: float = math.nan
+    tpot_p50: float = math.nan
+    done_p50: float = math.nan
+    done_p95: float = math.nan
+    queue_p95: float = math.nan
+    valid_per_hour: float = math.nan
     records_per_hour: float = math.nan  # batch-api: lines answered, whole or not
     worst_gap_p50: float = math.nan  # the median over streams of each one's worst gap
     whole: int = 0  # whole answers (loadtests.harness.validity), schema or not
@@ -184,21 +185,14 @@ def summarize_jobs(windows: Sequence[tuple[Sequence[Job], float, float]]) -> Cla
         if j.finished_at is not None and not j.cancelled_by_client and j.status == "completed"
     ]
     nan = math.nan
-    return ClassSummary(
+    return ClassSummary(  # no stream: no TTFT, ITL, TPOT or queue wait
         requests=sum(j.lines for j in jobs),
         valid=sum(j.valid for j in jobs),
         whole=sum(j.whole for j in jobs),
         schema_checked=sum(j.schema_checked for j in jobs),
         schema_valid=sum(j.schema_valid for j in jobs),
-        ttft_p50=nan,
-        ttft_p95=nan,
-        ttft_p99=nan,
-        itl_p50=nan,
-        itl_p95=nan,
-        tpot_p50=nan,
         done_p50=pct(ended, 0.50),
         done_p95=pct(ended, 0.95),
-        queue_p95=nan,
         # no job at all (the direct arm, which has no Batch API): no figure, not zero
         valid_per_hour=sum(j.valid for j in jobs) * 3600.0 / length if jobs else nan,
         records_per_hour=sum(j.completed for j in jobs) * 3600.0 / length if jobs else nan,

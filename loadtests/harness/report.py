@@ -15,7 +15,7 @@ import math
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,24 @@ RETEST_WHEN = [
 PACKAGES = ("whoseturn", "fastapi", "uvicorn", "httpx", "prometheus-client", "anyio")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Findings:
+    """What ``result.json`` and ``report.md`` say beside the figures, per arm: the
+    answer check (``(compared, differing)``, None for one arm), the workload's bars
+    judged, the machine's peaks, the servers the harness started, the machine's stops
+    and the figures they disturbed, the warm TTFT by prompt length, and the engines'
+    histograms beside the client's view."""
+
+    answers: tuple[int, int] | None
+    verdicts: list[str]
+    machine: dict[str, dict[str, Any]]
+    started: dict[str, list[dict[str, Any]]]
+    stalls: dict[str, dict[str, Any]]
+    disturbed: dict[str, list[str]]
+    by_prompt: dict[str, dict[str, list[LengthFigures]]]
+    engines: dict[str, dict[str, Any]]
+
+
 def write_records(out: Path, arms: dict[str, list[dict[str, Any]]]) -> None:
     """Every request of every arm, one JSON object a line, with its arm and answer."""
     with (out / "records.jsonl").open("w") as f:
@@ -73,17 +91,11 @@ def versions() -> dict[str, str]:
 def write_result(
     out: Path,
     workload: Workload,
+    findings: Findings,
     *,
     setup: dict[str, Any],
     summaries: dict[str, dict[str, ClassSummary]],
-    answers: tuple[int, int] | None,
     reasoning: str,
-    machine: dict[str, Any] | None = None,
-    verdicts: list[str] | None = None,
-    stalls: dict[str, dict[str, Any]] | None = None,
-    disturbed: dict[str, list[str]] | None = None,
-    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
-    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
     added), the figures per arm and class, the warm TTFT by prompt length, the
@@ -100,16 +112,16 @@ def write_result(
         },
         "ttft_by_prompt_length": {
             arm: {cls: [_json_safe(asdict(f)) for f in rows] for cls, rows in by_class.items()}
-            for arm, by_class in (by_prompt or {}).items()
+            for arm, by_class in findings.by_prompt.items()
         },
-        "engine_histograms": engines or {},
+        "engine_histograms": findings.engines,
         "answer_check": None
-        if answers is None
-        else {"compared": answers[0], "differing": answers[1]},
-        "machine": machine or {},
-        "stalls": stalls or {},
-        "disturbed": disturbed or {},
-        "verdicts": verdicts or [],
+        if findings.answers is None
+        else {"compared": findings.answers[0], "differing": findings.answers[1]},
+        "machine": findings.machine,
+        "stalls": findings.stalls,
+        "disturbed": findings.disturbed,
+        "verdicts": findings.verdicts,
         "reasoning": reasoning,
         "retest_when": RETEST_WHEN,
     }
@@ -192,18 +204,11 @@ def _percent(before: float, after: float) -> str:
 def write_report(
     out: Path,
     workload: Workload,
+    findings: Findings,
     *,
     intro: str,
     table: str,
-    answers: tuple[int, int] | None,
     plots: Sequence[str],
-    machine: dict[str, dict[str, Any]] | None = None,
-    started: dict[str, list[dict[str, Any]]] | None = None,
-    verdicts: list[str] | None = None,
-    stalls: dict[str, dict[str, Any]] | None = None,
-    disturbed: dict[str, list[str]] | None = None,
-    by_prompt: dict[str, dict[str, list[LengthFigures]]] | None = None,
-    engines: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """``report.md``: what ran (``intro``), the table (disturbed figures said below
     it), TTFT by prompt length, the engines' view of queue and prefill beside the
@@ -225,22 +230,23 @@ def write_report(
         "",
         table,
         "",
-        *disturbed_lines(disturbed or {}, stalls or {}),
-        *length_lines(by_prompt or {}),
-        *engine_lines(engines or {}),
+        *disturbed_lines(findings.disturbed, findings.stalls),
+        *length_lines(findings.by_prompt),
+        *engine_lines(findings.engines),
     ]
-    if answers is not None:
+    if findings.answers is not None:
+        compared, differing = findings.answers
         lines += [
-            f"Answer check: {answers[0]} requests answered whole in both arms, "
-            f"{answers[1]} answers differ.",
+            f"Answer check: {compared} requests answered whole in both arms, "
+            f"{differing} answers differ.",
             "",
         ]
-    if verdicts:
+    if findings.verdicts:
         lines += ["The workload's bars, on the warm figures:", ""]
-        lines += [*(f"- {v}" for v in verdicts), ""]
-    lines += stall_lines(stalls or {})
-    lines += startup_lines(started or {})
-    lines += machine_lines(machine or {})
+        lines += [*(f"- {v}" for v in findings.verdicts), ""]
+    lines += stall_lines(findings.stalls)
+    lines += startup_lines(findings.started)
+    lines += machine_lines(findings.machine)
     lines += [*[f"![{name}]({name})" for name in plots], ""]
     (out / "report.md").write_text("\n".join(lines))
 

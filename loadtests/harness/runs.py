@@ -34,7 +34,13 @@ from loadtests.harness.measures import (
     summarize_jobs,
     summarize_runs,
 )
-from loadtests.harness.report import side_by_side, write_records, write_report, write_result
+from loadtests.harness.report import (
+    Findings,
+    side_by_side,
+    write_records,
+    write_report,
+    write_result,
+)
 from loadtests.harness.report_sections import ms
 from loadtests.harness.stalls import Phase, StallWatch, attribute
 from loadtests.harness.traffic import ArmRun, Route, new_run, run_arm
@@ -114,77 +120,55 @@ class ArmResult:
         return attribute(self.stalls, self.phases(workload), origin=origin)
 
 
+@dataclass(frozen=True)
+class ArmTarget:
+    """Where one arm's requests go: its name and route; through a proxy, the proxy's
+    base URL (its turn samples and turn log kept); the servers watched meanwhile (name:
+    base URL, :mod:`loadtests.harness.watch`); the request priority of each class."""
+
+    name: str
+    route: Route
+    proxy: str | None = None
+    servers: dict[str, str] = field(default_factory=dict)
+    priority: dict[str, int] | None = None
+
+
 async def run_plan(
-    workload: Workload,
-    route: Route,
-    *,
-    arm: str,
-    proxy: str | None,
-    out: Path,
-    console: Console,
-    servers: dict[str, str] | None = None,
-    priority: dict[str, int] | None = None,
+    workload: Workload, target: ArmTarget, *, out: Path, console: Console
 ) -> ArmResult:
-    """Run ``workload``'s plan against one arm; through a proxy (its base URL), keep
-    its turn samples and write its decisions to ``out/<arm>-turn-log.json``. The
-    ``servers`` (name: base URL) are watched meanwhile (:mod:`loadtests.harness.watch`), and
-    the machine's stops (:class:`loadtests.harness.stalls.StallWatch`)."""
+    """Run ``workload``'s plan against one arm; through a proxy, keep its turn samples
+    and write its decisions to ``out/<arm>-turn-log.json``. The target's servers are
+    watched meanwhile, and the machine's stops
+    (:class:`loadtests.harness.stalls.StallWatch`)."""
     result = ArmResult([])
-    servers = servers or {}
-    pids = {name: listening_pid(url) for name, url in servers.items()}
+    pids = {name: listening_pid(url) for name, url in target.servers.items()}
     stalls = StallWatch().start()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     try:
-        await _runs(
-            workload,
-            route,
-            result,
-            arm=arm,
-            proxy=proxy,
-            out=out,
-            console=console,
-            servers=servers,
-            pids=pids,
-            priority=priority,
-        )
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+            async with (
+                _watch(http, target.proxy, result.turns),
+                watching(
+                    http, target.servers, pids, out, target.name, result.os_samples
+                ) as watch_start,
+            ):
+                result.servers, result.watch_started_at = list(target.servers), watch_start
+                labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
+                for number, label in enumerate(labels):
+                    run = new_run(workload, target.priority, number)
+                    async with _progress(console, f"{target.name} ({label})", run, result.turns):
+                        await run_arm(workload, target.route, http, run, batch_api=target.proxy)
+                    if label == "cold":
+                        result.cold = run
+                    else:
+                        result.warm.append(run)
+            if target.proxy is not None:
+                log = await http.get(f"{target.proxy}/turn/log", params={"limit": 1000})
+                (out / f"{target.name}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
     finally:
         stalls.stop()
         result.stalls = list(stalls.stalls)
     return result
-
-
-async def _runs(
-    workload: Workload,
-    route: Route,
-    result: ArmResult,
-    *,
-    arm: str,
-    proxy: str | None,
-    out: Path,
-    console: Console,
-    servers: dict[str, str],
-    pids: dict[str, int | None],
-    priority: dict[str, int] | None,
-) -> None:
-    """The plan's runs against one arm into ``result``, watched (:func:`run_plan`)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-        async with (
-            _watch(http, proxy, result.turns),
-            watching(http, servers, pids, out, arm, result.os_samples) as watch_start,
-        ):
-            result.servers, result.watch_started_at = list(servers), watch_start
-            labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
-            for number, label in enumerate(labels):
-                run = new_run(workload, priority, number)
-                async with _progress(console, f"{arm} ({label})", run, result.turns):
-                    await run_arm(workload, route, http, run, batch_api=proxy)
-                if label == "cold":
-                    result.cold = run
-                else:
-                    result.warm.append(run)
-        if proxy is not None:
-            log = await http.get(f"{proxy}/turn/log", params={"limit": 1000})
-            (out / f"{arm}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
 
 
 def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
@@ -235,23 +219,71 @@ def finish(
         figures.update(
             {f"{a} (cold)": summaries(workload, [r.cold]) for a, r in arms.items() if r.cold}
         )
-    names = list(arms)
-    answers = None
-    if len(names) == 2:
-        # run by run: a run's prompts are its own (loadtests.harness.traffic.body)
-        compared = differing = 0
-        for (_, a), (_, b) in zip(*(arms[n].all_runs() for n in names), strict=False):
-            c, d = answer_mismatches(_all_records(a), _all_records(b))
-            compared, differing = compared + c, differing + d
-        answers = (compared, differing)
-    by_prompt = {arm: lengths(workload, r.warm) for arm, r in arms.items()}
+    warm = {a: figures[a] for a in arms}
+    found = findings(out, workload, arms, warm)
+    warm_table = side_by_side(workload, warm, disturbed=found.disturbed)
+    _write_rows(out, arms)
+    drawn = _plots(out, arms)
+    write_result(
+        out,
+        workload,
+        found,
+        setup={**setup, "started": found.started},
+        summaries=figures,
+        reasoning=reasoning,
+    )
+    write_report(out, workload, found, intro=intro, table=warm_table, plots=drawn)
+    print(warm_table)
+    if found.answers is not None:
+        print(f"\nAnswer check: {found.answers[0]} compared, {found.answers[1]} differ.")
+    if found.verdicts:
+        print("\n" + "\n".join(f"- {line}" for line in found.verdicts))
+    print(f"\nReport: {out / 'report.md'}")
+    print("Plots: " + ", ".join(str(out / name) for name in drawn))
+    return warm_table
+
+
+def findings(
+    out: Path,
+    workload: Workload,
+    arms: dict[str, ArmResult],
+    warm: dict[str, dict[str, ClassSummary]],
+) -> Findings:
+    """What the report says beside the ``warm`` figures (arm: class: summary) of ``arms``."""
     stalls = {arm: r.stall_view(workload) for arm, r in arms.items()}
-    engines = {
-        arm: {"engines": r.engine_view(arm, workload, out), "client": client_view(workload, r.warm)}
-        for arm, r in arms.items()
-    }
-    disturbed = disturbed_figures(stalls)
-    warm_table = side_by_side(workload, {a: figures[a] for a in names}, disturbed=disturbed)
+    return Findings(
+        answers=_answer_check(arms),
+        verdicts=[v.line() for v in judge(workload.bars, warm)],
+        machine={arm: machine_view(r) for arm, r in arms.items()},
+        started={a: r.started for a, r in arms.items() if r.started},
+        stalls=stalls,
+        disturbed=disturbed_figures(stalls),
+        by_prompt={arm: lengths(workload, r.warm) for arm, r in arms.items()},
+        engines={
+            arm: {
+                "engines": r.engine_view(arm, workload, out),
+                "client": client_view(workload, r.warm),
+            }
+            for arm, r in arms.items()
+        },
+    )
+
+
+def _answer_check(arms: dict[str, ArmResult]) -> tuple[int, int] | None:
+    """``(compared, differing)`` over two arms' answers (None for one arm), run by run:
+    a run's prompts are its own (:func:`loadtests.harness.traffic.body`)."""
+    if len(arms) != 2:
+        return None
+    compared = differing = 0
+    for (_, a), (_, b) in zip(*(r.all_runs() for r in arms.values()), strict=False):
+        c, d = answer_mismatches(_all_records(a), _all_records(b))
+        compared, differing = compared + c, differing + d
+    return compared, differing
+
+
+def _write_rows(out: Path, arms: dict[str, ArmResult]) -> None:
+    """``records.jsonl`` (every request of every run) and ``jobs.jsonl`` (every Batch API
+    job, when there were any)."""
     write_records(
         out,
         {
@@ -273,46 +305,6 @@ def finish(
     ]
     if jobs:
         (out / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
-    drawn = _plots(out, arms)
-    machine = {arm: machine_view(r) for arm, r in arms.items()}
-    verdicts = [v.line() for v in judge(workload.bars, {a: figures[a] for a in names})]
-    write_result(
-        out,
-        workload,
-        setup={**setup, "started": {a: r.started for a, r in arms.items() if r.started}},
-        summaries=figures,
-        answers=answers,
-        reasoning=reasoning,
-        machine=machine,
-        verdicts=verdicts,
-        stalls=stalls,
-        disturbed=disturbed,
-        by_prompt=by_prompt,
-        engines=engines,
-    )
-    write_report(
-        out,
-        workload,
-        intro=intro,
-        table=warm_table,
-        answers=answers,
-        plots=drawn,
-        machine=machine,
-        started={a: r.started for a, r in arms.items() if r.started},
-        verdicts=verdicts,
-        stalls=stalls,
-        disturbed=disturbed,
-        by_prompt=by_prompt,
-        engines=engines,
-    )
-    print(warm_table)
-    if answers is not None:
-        print(f"\nAnswer check: {answers[0]} compared, {answers[1]} differ.")
-    if verdicts:
-        print("\n" + "\n".join(f"- {line}" for line in verdicts))
-    print(f"\nReport: {out / 'report.md'}")
-    print("Plots: " + ", ".join(str(out / name) for name in drawn))
-    return warm_table
 
 
 def client_view(workload: Workload, runs: list[ArmRun]) -> dict[str, float | None]:

@@ -79,6 +79,9 @@ class Assessment:
     def valid(self) -> bool:
         return self.whole and self.schema_valid is not False
 
+    def to_json(self) -> dict[str, bool | None]:
+        return {"whole": self.whole, "schema_valid": self.schema_valid, "valid": self.valid}
+
 
 def assess(
     *,

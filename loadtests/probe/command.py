@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 
@@ -23,7 +24,10 @@ def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
             "its per-step chunk."
         ),
     )
-    probe.add_argument("--engine", required=True, metavar="URL", help="the engine's base URL")
+    # each flag's dest is the ProbeConfig field it sets (run_probe_command)
+    probe.add_argument(
+        "--engine", dest="engine_url", required=True, metavar="URL", help="the engine's base URL"
+    )
     probe.add_argument("--model", default=None, help="model name (default: the engine's first)")
     probe.add_argument(
         "--sizes",
@@ -39,22 +43,22 @@ def add_probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=3,
         help="rounds of one more measurement of each size whose repeats disagree",
     )
-    probe.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    probe.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=300.0,
+        metavar="TIMEOUT",
+        help="seconds per request",
+    )
     probe.add_argument("--api-key", default=None)
     probe.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run_probe_command(args: argparse.Namespace) -> int:
     """Probe, print the report; 0 with any verdict, 1 if the engine could not be measured."""
-    config = ProbeConfig(
-        engine_url=args.engine,
-        model=args.model,
-        sizes=args.sizes,
-        repeats=args.repeats,
-        extra_repeats=args.extra_repeats,
-        timeout_s=args.timeout,
-        api_key=args.api_key,
-    )
+    given = {f.name for f in dataclasses.fields(ProbeConfig)} & set(vars(args))
+    config = ProbeConfig(**{name: getattr(args, name) for name in given})
     try:
         result = asyncio.run(run_probe(config))
     except ProbeError as exc:

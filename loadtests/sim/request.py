@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    PREEMPTED = "preempted"
-    FINISHED = "finished"
-    ABORTED = "aborted"
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED = enum.auto()
+    ABORTED = enum.auto()
 
 
 @dataclass(eq=False, kw_only=True)

@@ -7,7 +7,9 @@
 - :func:`running`: a child process for the length of a ``with`` body, stopped on exit
   (a signal, then ``SIGKILL`` after a grace period);
 - :func:`wait_until_ok`: poll a URL until it answers 200, failing early if the child
-  that should serve it has exited.
+  that should serve it has exited;
+- :func:`serving`: a server's command on a free port, run as a :class:`Server` that
+  can be waited for (:meth:`Server.wait_ready`).
 
 The harness cannot import ``tests/``; ``tests/support`` re-uses these.
 """
@@ -21,8 +23,9 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import httpx
 import yaml
@@ -114,3 +117,38 @@ def wait_until_ok(
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} not ready at {url} within {timeout_s:.0f} s")
         time.sleep(interval_s)
+
+
+class ServeCommand(Protocol):
+    """A server's command line, given the port it is to listen on."""
+
+    def __call__(self, *, port: int) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Server:
+    """A child process serving HTTP at ``url``, and the command that started it."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    command: list[str]
+
+    def wait_ready(self, path: str, *, what: str, timeout_s: float = 30.0) -> None:
+        """:func:`wait_until_ok` on ``url + path``; ``what`` names the server."""
+        wait_until_ok(self.url + path, process=self.process, what=what, timeout_s=timeout_s)
+
+
+@contextmanager
+def serving(
+    command: ServeCommand,
+    *,
+    output: IO[bytes] | int = subprocess.DEVNULL,
+    stop_signal: signal.Signals = signal.SIGINT,
+) -> Iterator[Server]:
+    """``command`` on a free loopback port until the ``with`` body ends
+    (:func:`running`). Not waited for: servers started one after the other load side
+    by side, then each is waited for (:meth:`Server.wait_ready`)."""
+    port = free_port()
+    argv = command(port=port)
+    with running(argv, output=output, stop_signal=stop_signal) as process:
+        yield Server(loopback_url(port), process, argv)

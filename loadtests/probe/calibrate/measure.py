@@ -61,11 +61,11 @@ class Plan:
     long_context_tokens: int = 1024
     long_context_batches: tuple[int, ...] = (1, 4)
     mixed_sizes: tuple[int, ...] = (64, 256, 1024)
-    boundary_steps: int = 2
-    skip_tokens: int = 4
-    baseline_gaps: int = 8
-    after_tokens: int = 4
-    decode_window: int = 24
+    boundary_steps: int = 2  # prefill sizes added at m·budget and m·budget + 8, m up to it
+    skip_tokens: int = 4  # a decode stream's first tokens, not timed (the batch ramps up)
+    baseline_gaps: int = 8  # decode gaps before a mixed step that give the ordinary step
+    after_tokens: int = 4  # decode tokens after a mixed step that place the stall's end
+    decode_window: int = 24  # decode tokens timed per stream, after the skipped ones
     repeats: int = 3
     engine_clock: bool = False
 
