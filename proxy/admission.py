@@ -47,18 +47,15 @@ class Admitted:
     job_id: str
     engine: str
     attempt: int
-    arrival: float
     dispatched_at: float
-
-    @property
-    def queued_s(self) -> float:
-        """Time the job waited in the proxy before this dispatch."""
-        return self.dispatched_at - self.arrival
+    queued_s: float  # how long the job waited in the proxy before this dispatch
 
     @classmethod
     def of(cls, dispatch: Dispatch) -> Admitted:
         job = dispatch.job
-        return cls(job.id, dispatch.engine, dispatch.attempt, job.arrival, dispatch.at)
+        return cls(
+            job.id, dispatch.engine, dispatch.attempt, dispatch.at, dispatch.at - job.arrival
+        )
 
 
 class Closed(Exception):

@@ -45,6 +45,7 @@ QUEUE_BUCKETS = (
 )  # fmt: skip
 
 CLASS_ENGINE = ("class", "engine")
+ENGINE_CLASS = ("engine", "class")
 OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
 BATCH_RECORD_STATUSES = ("completed", "failed", "valid", "invalid")
 BATCH_TOKEN_KINDS = ("prompt", "completion")
@@ -100,12 +101,9 @@ class SchedulerCollector(Collector):
         prefill = _gauge(
             "whoseturn_prefill_inflight_tokens",
             "Prompt tokens dispatched, no first token yet",
-            "engine",
-            "class",
+            *ENGINE_CLASS,
         )
-        decode = _gauge(
-            "whoseturn_decode_inflight_requests", "Streams in decode", "engine", "class"
-        )
+        decode = _gauge("whoseturn_decode_inflight_requests", "Streams in decode", *ENGINE_CLASS)
         for e in engines:
             budget.add_metric([e.name], e.budget.tokens)
             for c in TrafficClass:
@@ -289,35 +287,27 @@ class PieceMetrics:
     :class:`proxy.api.piece_sender.PieceSender`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.pieces = Counter(
-            "whoseturn_prefill_pieces",
-            "Prefix pieces of long batch prompts sent to an engine",
-            ["engine"],
-            registry=registry,
+        def by_engine(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, ["engine", *labels], registry=registry)
+
+        self.pieces = by_engine(
+            "whoseturn_prefill_pieces", "Prefix pieces of long batch prompts sent to an engine"
         )
-        self.prompts = Counter(
+        self.prompts = by_engine(
             "whoseturn_prefill_pieced_prompts",
             "Batch prompts sent whole after their pieces (the real request)",
-            ["engine"],
-            registry=registry,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = by_engine(
             "whoseturn_prefill_piece_fallbacks",
             "Pieced prompts sent whole early: the cache did not hold, or a piece failed",
-            ["engine", "reason"],
-            registry=registry,
+            "reason",
         )
-        self.aborts = Counter(
+        self.aborts = by_engine(
             "whoseturn_batch_aborts",
             "Batch requests aborted in prefill on an engine for a chat, to be requeued",
-            ["engine"],
-            registry=registry,
         )
-        self.requeues = Counter(
-            "whoseturn_batch_requeues",
-            "Batch requests sent again to an engine after an abort",
-            ["engine"],
-            registry=registry,
+        self.requeues = by_engine(
+            "whoseturn_batch_requeues", "Batch requests sent again to an engine after an abort"
         )
 
     def add(self, name: str) -> None:

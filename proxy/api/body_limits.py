@@ -3,13 +3,12 @@
 - a body larger than ``max_body_bytes`` (or the limit ``path_limits`` gives its path:
   the Files API's uploads) is refused with 413 before it is read in full: at once
   when ``Content-Length`` says so, else as soon as the bytes received pass the limit
-  (the handler reading the body gets :class:`BodyTooLarge`, an
-  :class:`~proxy.openai.errors.APIError`);
+  (the handler reading the body gets the :class:`~proxy.openai.errors.APIError`);
 - no body bytes for ``body_timeout_s`` while the application waits for them: 408,
-  and the connection closed (:class:`BodyTimeout`);
+  and the connection closed;
 - the bytes of every body in flight are counted against ``max_body_bytes_in_flight``
   (:mod:`proxy.api.inflight`), and a body the budget cannot take is refused with 503
-  and ``Retry-After`` (:class:`BodiesBusy`): before it is read when ``Content-Length``
+  and ``Retry-After``: before it is read when ``Content-Length``
   says so, else as its chunks arrive. Uploads under ``path_limits`` are not counted:
   their routes stream them to disk.
 
@@ -26,39 +25,26 @@ from starlette.types import Message, Receive, Scope
 from proxy.api.inflight import BodyBudget, BodyTicket, MemoryReturn, glibc_malloc_trim
 from proxy.openai.errors import APIError
 
-
-class BodyTooLarge(APIError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            413,
-            f"The request body is larger than the limit of {limit} bytes.",
-            code="request_too_large",
-        )
-
-
-class BodyTimeout(APIError):
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(
-            408,
-            f"No bytes of the request body arrived for {timeout_s:g} s.",
-            code="request_timeout",
-            headers={"Connection": "close"},
-        )
-
-
 BUSY_RETRY_AFTER_S = 1
 
 
-class BodiesBusy(APIError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            503,
-            f"The proxy holds as many request bodies as it may ({limit} bytes in flight, "
-            f"max_body_bytes_in_flight); retry shortly.",
-            err_type="service_unavailable",
-            code=503,
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
-        )
+def too_large(limit: int) -> APIError:
+    message = f"The request body is larger than the limit of {limit} bytes."
+    return APIError(413, message, code="request_too_large")
+
+
+def too_slow(timeout_s: float) -> APIError:
+    message = f"No bytes of the request body arrived for {timeout_s:g} s."
+    return APIError(408, message, code="request_timeout", headers={"Connection": "close"})
+
+
+def bodies_busy(limit: int) -> APIError:
+    message = (
+        f"The proxy holds as many request bodies as it may ({limit} bytes in flight, "
+        "max_body_bytes_in_flight); retry shortly."
+    )
+    headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
+    return APIError(503, message, err_type="service_unavailable", code=503, headers=headers)
 
 
 def declared_length(scope: Scope) -> int | None:
@@ -96,15 +82,15 @@ class BodyLimits:
         )
 
     def open(self, scope: Scope) -> BodyRead:
-        """The request's body read under the limits; raises :class:`BodyTooLarge` or
-        :class:`BodiesBusy` (nothing held) where its ``Content-Length`` says so."""
+        """The request's body read under the limits; raises :func:`too_large` or
+        :func:`bodies_busy` (nothing held) where its ``Content-Length`` says so."""
         limit = self.path_limits.get(scope["path"], self.limit)
         length = declared_length(scope)
         if length is not None and length > limit:
-            raise BodyTooLarge(limit)
+            raise too_large(limit)
         ticket = self._ticket(scope)
         if ticket is not None and length and not ticket.cover(length):
-            raise BodiesBusy(ticket.budget.limit)
+            raise bodies_busy(ticket.budget.limit)
         return BodyRead(self, limit, ticket)
 
     def _ticket(self, scope: Scope) -> BodyTicket | None:
@@ -124,8 +110,8 @@ class BodyRead:
         self.ticket = ticket
 
     def receive(self, receive: Receive) -> Receive:
-        """``receive``, raising :class:`BodyTooLarge` once the body passes the limit,
-        :class:`BodiesBusy` once the budget cannot take it, and :class:`BodyTimeout`
+        """``receive``, raising :func:`too_large` once the body passes the limit,
+        :func:`bodies_busy` once the budget cannot take it, and :func:`too_slow`
         when the next piece of the body takes longer than ``body_timeout_s``."""
         seen = 0
         complete = False
@@ -140,14 +126,14 @@ class BodyRead:
                     async with asyncio.timeout(timeout_s):
                         message = await receive()
                 except TimeoutError:
-                    raise BodyTimeout(timeout_s) from None
+                    raise too_slow(timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 complete = not message.get("more_body", False)
                 if seen > limit:
-                    raise BodyTooLarge(limit)
+                    raise too_large(limit)
                 if ticket is not None and not ticket.cover(seen):
-                    raise BodiesBusy(ticket.budget.limit)
+                    raise bodies_busy(ticket.budget.limit)
             return message
 
         return limited

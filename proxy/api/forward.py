@@ -98,26 +98,18 @@ Reserve = Callable[[str], Awaitable[bool]]
 queued again (:meth:`proxy.replicas.SharedBudget.reserve`)."""
 
 
+@dataclass(eq=False)
 class Forwarder:
     """The request path of the completion routes, from the client's request to the
     engine's answer."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        pool: EnginePool,
-        monitor: EngineMonitor,
-        services: Services,
-        piece_sender: PieceSender,
-        reserve: Reserve | None = None,
-    ) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.monitor = monitor
-        self.services = services
-        self.piece_sender = piece_sender
-        self.reserve = reserve
-        self.windows = AbortWindows()
+    settings: Settings
+    pool: EnginePool
+    monitor: EngineMonitor
+    services: Services
+    piece_sender: PieceSender
+    reserve: Reserve | None = None
+    windows: AbortWindows = dataclasses.field(default_factory=AbortWindows, init=False)
 
     async def handle(self, request: Request, path: str, default: TrafficClass) -> Response:
         arrival = self.services.clock.now()

@@ -13,7 +13,7 @@ whether the response has started, so every streamed event passes through one wra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -22,25 +22,12 @@ from proxy.api.last_resort import LastResort
 from proxy.api.request_ids import IdSend, give_request_id
 
 
+@dataclass
 class Intake:
-    """ASGI middleware; the options are :class:`~proxy.api.body_limits.BodyLimits`'."""
+    """ASGI middleware, keeping each request's body within ``limits``."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        max_body_bytes: int,
-        path_limits: Mapping[str, int] | None = None,
-        body_timeout_s: float | None = None,
-        max_body_bytes_in_flight: int | None = None,
-    ) -> None:
-        self.app = app
-        self.limits = BodyLimits(
-            max_body_bytes=max_body_bytes,
-            path_limits=path_limits,
-            body_timeout_s=body_timeout_s,
-            max_body_bytes_in_flight=max_body_bytes_in_flight,
-        )
+    app: ASGIApp
+    limits: BodyLimits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import anyio
@@ -108,30 +108,26 @@ class Final:
     piece: int
 
 
+@dataclass(eq=False)
 class PieceSender:
     """The edge's side of piecing (the module docstring): one per proxy, the request
     path's (:class:`~proxy.api.forward.Forwarder`), told of engines joining and
     leaving."""
 
-    def __init__(
-        self,
-        engines: list[EngineConfig],
-        pool: EnginePool,
-        admission: Admission,
-        clock: Clock,
-        metrics: PieceMetrics,
-        target_s: float,
-        idle_target_s: float,
-    ) -> None:
-        self.pool = pool
-        self.admission = admission
-        self.clock = clock
-        self.target_s = target_s
-        self.idle_target_s = idle_target_s
-        self.board: dict[str, EnginePieces] = {}
-        self._discovered: set[str] = set()
-        self._choices: deque[PieceChoice] = deque(maxlen=CHOICES_KEPT)
-        self.metrics = metrics
+    engines: InitVar[list[EngineConfig]]  # the configured ones; DNS adds the others
+    pool: EnginePool
+    admission: Admission
+    clock: Clock
+    metrics: PieceMetrics
+    target_s: float
+    idle_target_s: float
+    board: dict[str, EnginePieces] = field(default_factory=dict, init=False)
+    _discovered: set[str] = field(default_factory=set, init=False)
+    _choices: deque[PieceChoice] = field(
+        default_factory=lambda: deque(maxlen=CHOICES_KEPT), init=False
+    )
+
+    def __post_init__(self, engines: list[EngineConfig]) -> None:
         for config in engines:
             if not config.by_dns:
                 self.add(config)

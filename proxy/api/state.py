@@ -20,35 +20,14 @@ from proxy.replicas import SharedBudget
 class EdgeState(Protocol):
     """The running proxy's parts that the edge's routes use."""
 
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def created(self) -> int:
-        """When the proxy started (epoch seconds): the models' ``created``."""
-        ...
-
-    @property
-    def admission(self) -> Admission: ...
-
-    @property
-    def forwarder(self) -> Forwarder: ...
-
-    @property
-    def monitor(self) -> EngineMonitor: ...
-
-    @property
-    def metrics(self) -> ProxyMetrics: ...
-
-    @property
-    def shared(self) -> SharedBudget | None:
-        """The shared budget of several replicas, if there is one."""
-        ...
-
-    @property
-    def replica(self) -> str:
-        """This proxy's name in the ledger (and on ``/turn``)."""
-        ...
+    settings: Settings
+    created: int  # when the proxy started (epoch seconds): the models' ``created``
+    admission: Admission
+    forwarder: Forwarder
+    monitor: EngineMonitor
+    metrics: ProxyMetrics
+    shared: SharedBudget | None  # the shared budget of several replicas, if there is one
+    replica: str  # this proxy's name in the ledger (and on ``/turn``)
 
     def batch_store_health(self, now: float) -> dict[str, Any] | None:
         """The batch store's health at monotonic time ``now`` (``/readyz``); None

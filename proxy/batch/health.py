@@ -20,20 +20,23 @@ and is what the routes and the runner use:
   :data:`MAX_BACKOFF_S`; the first ping answered marks it up again, logged with
   how long the outage lasted.
 
-:class:`StoreHealth` is the state, pure, on an injected clock.
+:class:`StoreHealth` is the state (:class:`~proxy.availability.Availability` and the
+probes' backoff), pure, on an injected clock.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 
+from proxy.availability import Availability
 from proxy.batch.store import (
     BatchRecord,
     BatchStore,
@@ -61,33 +64,15 @@ class StoreDown(Exception):
 
 
 @dataclass
-class StoreHealth:
-    """Up or down, since when, why; how many outages so far. Pure: the caller gives
-    the time."""
+class StoreHealth(Availability):
+    """The store's :class:`~proxy.availability.Availability`, and its probes while down."""
 
     probe_s: float = 0.2
-    up: bool = True
-    since: float = 0.0
-    cause: str = ""
-    outages: int = 0
-    failed_probes: int = 0
-
-    def down(self, now: float, cause: str) -> bool:
-        """Mark the store down for ``cause``; True if this begins an outage."""
-        if not self.up:
-            return False
-        self.up, self.since, self.cause = False, now, cause
-        self.outages += 1
-        self.failed_probes = 0
-        return True
+    failed_probes: int = 0  # in this outage
 
     def back(self, now: float) -> float | None:
-        """Mark the store up; the outage's length if it was down, else None."""
-        if self.up:
-            return None
-        self.up, self.cause, self.failed_probes = True, "", 0
-        lasted, self.since = now - self.since, now
-        return lasted
+        self.failed_probes = 0
+        return super().back(now)
 
     def backoff_s(self) -> float:
         """How long to wait before the next probe (or try) while down."""
@@ -111,33 +96,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text and text[0] else type(exc).__name__
 
 
+@dataclass(eq=False)
 class GuardedStore:
     """A :class:`~proxy.batch.store.BatchStore` that fails fast while its backend is
     down (see the module docstring). ``now`` is the clock the health is kept on."""
 
-    def __init__(
-        self,
-        inner: BatchStore,
-        now: Callable[[], float],
-        *,
-        timeout_s: float | None,
-        outage_errors: tuple[type[BaseException], ...],
-        probe_s: float = 0.2,
-        open_timeout_s: float | None = None,
-    ) -> None:
-        self.inner = inner
-        self.open_timeout_s = open_timeout_s
-        self.opened = False
-        self._now = now
-        self.timeout_s = timeout_s
-        self.outage_errors = outage_errors
-        self.health = StoreHealth(probe_s=probe_s, since=now())
-        self._waiting: set[anyio.CancelScope] = set()
+    inner: BatchStore
+    now: Callable[[], float]
+    _: KW_ONLY
+    timeout_s: float | None
+    outage_errors: tuple[type[BaseException], ...]
+    probe_s: InitVar[float] = 0.2
+    open_timeout_s: float | None = None
+    opened: bool = field(default=False, init=False)
+    health: StoreHealth = field(init=False)
+    _waiting: set[anyio.CancelScope] = field(default_factory=set, init=False)
+
+    def __post_init__(self, probe_s: float) -> None:
+        self.health = StoreHealth(probe_s=probe_s, since=self.now())
 
     # -- the state ----------------------------------------------------------------
 
     def _down(self, cause: str) -> None:
-        if not self.health.down(self._now(), cause):
+        if not self.health.down(self.now(), cause):
             return
         logger.error(
             "batch store down: %s; Files/Batches answer 503 and batch jobs wait until it "
@@ -147,7 +128,7 @@ class GuardedStore:
             scope.cancel()
 
     def _back(self) -> None:
-        lasted = self.health.back(self._now())
+        lasted = self.health.back(self.now())
         if lasted is not None:
             logger.warning("batch store back after %.1f s; batch jobs resume", lasted)
 
@@ -156,14 +137,17 @@ class GuardedStore:
         if not self.health.up:
             raise self.health.error()
 
-    async def _call(self, call: Callable[[], Awaitable[T]], timeout_s: float | None) -> T:
-        """``call()`` unless the store is down; under ``timeout_s``; abandoned as soon
-        as the store is found down; an outage error marks it down."""
-        self.check()
-        scope = anyio.CancelScope()
-        if timeout_s is not None:
-            scope.deadline = anyio.current_time() + timeout_s
-        self._waiting.add(scope)
+    async def _within(
+        self, call: Callable[[], Awaitable[T]], timeout_s: float | None, late: str, waits: bool
+    ) -> T:
+        """``call()`` within ``timeout_s`` (None: no limit): an outage error, or no answer
+        by then (the cause: ``late`` within the limit), puts the store down and raises
+        :class:`StoreDown`. A call that ``waits`` on the store is abandoned as soon as
+        the store is found down (a probe or an opening runs on)."""
+        deadline = math.inf if timeout_s is None else anyio.current_time() + timeout_s
+        scope = anyio.CancelScope(deadline=deadline)
+        if waits:
+            self._waiting.add(scope)
         try:
             with scope:
                 return await call()
@@ -174,14 +158,16 @@ class GuardedStore:
             self._waiting.discard(scope)
         # reached only when the scope was cancelled: the deadline, or an outage
         if self.health.up:
-            self._down(f"no answer within {timeout_s:g} s")
+            self._down(f"{late} within {timeout_s:g} s")
         raise self.health.error()
 
     async def _quick(self, call: Callable[[], Awaitable[T]]) -> T:
-        return await self._call(call, self.timeout_s)
+        self.check()
+        return await self._within(call, self.timeout_s, "no answer", waits=True)
 
     async def _long(self, call: Callable[[], Awaitable[T]]) -> T:
-        return await self._call(call, None)
+        self.check()
+        return await self._within(call, None, "", waits=True)
 
     async def ping(self) -> None:
         """One probe: the backend's cheapest round trip, under a short deadline (its
@@ -190,7 +176,7 @@ class GuardedStore:
             await self._open_within(self.open_timeout_s or PING_TIMEOUT_S)
             return
         deadline = PING_TIMEOUT_S if self.timeout_s is None else min(PING_TIMEOUT_S, self.timeout_s)
-        await self._within(self.inner.ping, deadline, f"no answer to a ping within {deadline:g} s")
+        await self._within(self.inner.ping, deadline, "no answer to a ping", waits=False)
         self._back()
 
     async def watch(self) -> None:
@@ -219,24 +205,9 @@ class GuardedStore:
             logger.error("batch store not reachable at start; the proxy starts without it")
 
     async def _open_within(self, timeout_s: float) -> None:
-        await self._within(self.inner.open, timeout_s, f"not open within {timeout_s:g} s")
+        await self._within(self.inner.open, timeout_s, "not open", waits=False)
         self.opened = True
         self._back()
-
-    async def _within(
-        self, call: Callable[[], Awaitable[None]], timeout_s: float, late: str
-    ) -> None:
-        """``call`` within ``timeout_s``: an outage error, or no answer by then
-        (``late`` the cause), puts the store down and raises :class:`StoreDown`."""
-        with anyio.move_on_after(timeout_s) as scope:
-            try:
-                await call()
-            except self.outage_errors as exc:
-                self._down(_describe(exc))
-                raise self.health.error() from exc
-        if scope.cancelled_caught:
-            self._down(late)
-            raise self.health.error()
 
     async def close(self) -> None:
         await self.inner.close()

@@ -45,18 +45,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from proxy.batch.store import (
-    ACTIVE,
-    FINAL,
-    BatchRecord,
-    FileRecord,
-    Json,
-    LineError,
-    LineResult,
-    LineSpec,
-    NewBatch,
-    PendingLine,
-)
+from proxy.batch import store
 
 logger = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20
@@ -98,12 +87,8 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: a failed job's errors (OpenAI's errors.data).
     "ALTER TABLE batches ADD COLUMN errors jsonb;",
 )
-BATCH_COLUMNS = (
-    "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times, "
-    "errors"
-)
-FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
+BATCH_COLUMNS = store.columns(store.BatchRecord)
+FILE_COLUMNS = store.columns(store.FileRecord)
 
 
 def redacted(dsn: str) -> str:
@@ -142,21 +127,12 @@ class _Record:
     """One :meth:`PostgresStore.record` call waiting for its group's transaction."""
 
     idx: int
-    result: LineResult
+    result: store.LineResult
     done: bool = False
     stored: bool = False
 
 
-def _batch(row: Any) -> BatchRecord:
-    return BatchRecord(
-        id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
-        status=row[4], created_at=row[5], expires_at=row[6], metadata=row[7], total=row[8],
-        completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
-        output_file_id=row[13], error_file_id=row[14], times=row[15], errors=row[16],
-    )  # fmt: skip
-
-
-def _take(lines: Iterator[LineSpec], n: int) -> list[LineSpec]:
+def _take(lines: Iterator[store.LineSpec], n: int) -> list[store.LineSpec]:
     return list(islice(lines, n))
 
 
@@ -238,9 +214,11 @@ class PostgresStore:
         assert self._spool is not None, "store not open"
         return self._spool / f"upload-{uuid.uuid4().hex}"
 
-    async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
+    async def add_file(self, purpose: str, filename: str, source: Path) -> store.FileRecord:
         size = (await anyio.Path(source).stat()).st_size
-        record = FileRecord(f"file-{uuid.uuid4().hex}", purpose, filename, size, self._stamp())
+        record = store.FileRecord(
+            f"file-{uuid.uuid4().hex}", purpose, filename, size, self._stamp()
+        )
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 with source.open("rb") as f:
@@ -256,14 +234,16 @@ class PostgresStore:
             await anyio.Path(source).unlink(missing_ok=True)
         return record
 
-    async def get_file(self, file_id: str) -> FileRecord | None:
+    async def get_file(self, file_id: str) -> store.FileRecord | None:
         sql = f"SELECT {FILE_COLUMNS} FROM files WHERE id = %s AND NOT deleted"
         row = await self._one(sql, (file_id,))
-        return FileRecord(*row) if row else None
+        return store.FileRecord(*row) if row else None
 
-    async def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+    async def list_files(self, after: str | None, limit: int) -> list[store.FileRecord]:
         sql = f"SELECT {FILE_COLUMNS} FROM files WHERE NOT deleted"
-        return [FileRecord(*row) for row in await self._all(*_page(sql, "files", after, limit))]
+        return [
+            store.FileRecord(*row) for row in await self._all(*_page(sql, "files", after, limit))
+        ]
 
     async def delete_file(self, file_id: str) -> bool:
         async with self._pool.connection() as conn, conn.transaction():
@@ -300,7 +280,7 @@ class PostgresStore:
 
     # -- batches ------------------------------------------------------------------
 
-    async def add_batch(self, new: NewBatch) -> BatchRecord:
+    async def add_batch(self, new: store.NewBatch) -> store.BatchRecord:
         now = self._stamp()
         await self._count(
             "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
@@ -310,7 +290,7 @@ class PostgresStore:
         )  # fmt: skip
         return await self._found(new.id)
 
-    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+    async def fill_batch(self, batch_id: str, lines: Iterator[store.LineSpec]) -> store.BatchRecord:
         """Under the job's row lock: replicas that validate the job at once fill it
         once (the others find it no longer ``validating`` and leave it)."""
         async with self._pool.connection() as conn, conn.transaction():
@@ -319,7 +299,9 @@ class PostgresStore:
             )
             row = await cur.fetchone()
             # Validating; or cancelled while validating (its lines still go in, as on SQLite).
-            if row is not None and (row[0] == "validating" or (row[0] not in FINAL and not row[1])):
+            if row is not None and (
+                row[0] == "validating" or (row[0] not in store.FINAL and not row[1])
+            ):
                 await conn.execute("DELETE FROM lines WHERE batch_id = %s", (batch_id,))
                 total = await _copy_lines(conn, batch_id, lines)
                 await conn.execute(
@@ -331,7 +313,7 @@ class PostgresStore:
                 )
         return await self._found(batch_id)
 
-    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+    async def fail_batch(self, batch_id: str, errors: list[store.Json]) -> store.BatchRecord:
         await self._count(
             "UPDATE batches SET status = 'failed', errors = %s, "
             "times = times || jsonb_build_object('failed_at', %s::bigint) WHERE id = %s",
@@ -339,7 +321,9 @@ class PostgresStore:
         )
         return await self._found(batch_id)
 
-    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+    async def expire_pending(
+        self, batch_id: str, line_for: Callable[[str], store.LineResult]
+    ) -> int:
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
             cur = await conn.execute(
@@ -361,22 +345,24 @@ class PostgresStore:
             )
             return expired
 
-    async def _found(self, batch_id: str) -> BatchRecord:
+    async def _found(self, batch_id: str) -> store.BatchRecord:
         found = await self.get_batch(batch_id)
         assert found is not None
         return found
 
-    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+    async def get_batch(self, batch_id: str) -> store.BatchRecord | None:
         row = await self._one(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = %s", (batch_id,))
-        return _batch(row) if row else None
+        return store.BatchRecord(*row) if row else None
 
-    async def list_batches(self, after: str | None, limit: int) -> list[BatchRecord]:
+    async def list_batches(self, after: str | None, limit: int) -> list[store.BatchRecord]:
         sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE true"
-        return [_batch(row) for row in await self._all(*_page(sql, "batches", after, limit))]
+        return [
+            store.BatchRecord(*row) for row in await self._all(*_page(sql, "batches", after, limit))
+        ]
 
-    async def active_batches(self) -> list[BatchRecord]:
+    async def active_batches(self) -> list[store.BatchRecord]:
         sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE status = ANY(%s) ORDER BY seq"
-        return [_batch(row) for row in await self._all(sql, (list(ACTIVE),))]
+        return [store.BatchRecord(*row) for row in await self._all(sql, (list(store.ACTIVE),))]
 
     async def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...]) -> bool:
         sql = (
@@ -393,7 +379,7 @@ class PostgresStore:
 
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float
-    ) -> list[PendingLine]:
+    ) -> list[store.PendingLine]:
         sql = (
             f"UPDATE lines SET claimed_by = %s, lease_until = {NOW} + %s "
             "WHERE batch_id = %s AND idx IN (SELECT idx FROM lines WHERE batch_id = %s "
@@ -404,7 +390,7 @@ class PostgresStore:
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql, (owner, lease_s, batch_id, batch_id, limit))
             rows = sorted(await cur.fetchall())
-        return [PendingLine(i, c, json.loads(b)) for i, c, b in rows]
+        return [store.PendingLine(i, c, json.loads(b)) for i, c, b in rows]
 
     async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
         sql = (
@@ -420,7 +406,7 @@ class PostgresStore:
         )
         return await self._count(sql, (batch_id, owner))
 
-    async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
+    async def record(self, batch_id: str, idx: int, result: store.LineResult) -> bool:
         """Group commit: the records that arrive while one is being written go in the
         next transaction together (one statement), each told whether it was stored."""
         mine = _Record(idx, result)
@@ -456,7 +442,7 @@ class PostgresStore:
         for r in group:
             r.done, r.stored = True, first[r.idx] is r and r.idx in stored
 
-    async def finalize(self, batch_id: str, status: str) -> BatchRecord:
+    async def finalize(self, batch_id: str, status: str) -> store.BatchRecord:
         now = self._stamp()
         out_id, err_id = f"file-{batch_id}-output", f"file-{batch_id}-errors"
         async with self._pool.connection() as conn, conn.transaction():
@@ -464,7 +450,7 @@ class PostgresStore:
                 "SELECT status FROM batches WHERE id = %s FOR UPDATE", (batch_id,)
             )
             row = await cur.fetchone()
-            if row is not None and row[0] not in FINAL:
+            if row is not None and row[0] not in store.FINAL:
                 sizes = await _write_results(conn, batch_id, out_id, err_id)
                 for file_id, size in zip((out_id, err_id), sizes, strict=True):
                     await conn.execute(
@@ -520,7 +506,9 @@ async def _put_chunk(conn: AsyncConnection[Any], file_id: str, n: int, data: byt
     )
 
 
-async def _copy_lines(conn: AsyncConnection[Any], batch_id: str, lines: Iterator[LineSpec]) -> int:
+async def _copy_lines(
+    conn: AsyncConnection[Any], batch_id: str, lines: Iterator[store.LineSpec]
+) -> int:
     """COPY the lines in (parsed off the event loop a page at a time); the count. A
     duplicate ``custom_id`` is the unique index's to find, as on SQLite: memory does
     not grow with the job but for the rows' positions (4 bytes a line)."""
@@ -536,19 +524,19 @@ async def _copy_lines(conn: AsyncConnection[Any], batch_id: str, lines: Iterator
     except UniqueViolation as exc:
         raise _duplicate(exc, batch_id, positions) from None
     if not positions:
-        raise LineError(0, "The input file has no requests.")
+        raise store.LineError(0, "The input file has no requests.")
     return len(positions)
 
 
-def _duplicate(exc: UniqueViolation, batch_id: str, positions: array[int]) -> LineError:
-    """The :class:`LineError` for COPY's unique violation: its row number (in the
+def _duplicate(exc: UniqueViolation, batch_id: str, positions: array[int]) -> store.LineError:
+    """The :class:`store.LineError` for COPY's unique violation: its row number (in the
     error's context) is a position in ``positions``; its key is in the detail."""
     row = re.search(r"line (\d+)", exc.diag.context or "")
     detail = exc.diag.message_detail or ""
     prefix, suffix = f"Key (batch_id, custom_id)=({batch_id}, ", ") already exists."
     custom_id = detail[len(prefix) : -len(suffix)] if detail.startswith(prefix) else "?"
     idx = positions[int(row.group(1)) - 1] if row else 0
-    return LineError(idx, f"duplicate custom_id `{custom_id}`")
+    return store.LineError(idx, f"duplicate custom_id `{custom_id}`")
 
 
 async def _write_results(

@@ -193,63 +193,44 @@ JSONL: Json = {
     "description": "The file's bytes (JSONL).",
     "content": {"application/jsonl": {"schema": {"type": "string"}}},
 }
-# ``responses``, ``response_model`` and ``openapi_extra`` of each route, by route name.
+
+
+def _route(model: type[BaseModel], own: Mapping[int, str], extra: Json) -> Json:
+    """A route's ``response_model``, its ``responses`` and its ``openapi_extra``."""
+    return {"response_model": model, "responses": _errors(own), "openapi_extra": extra}
+
+
+# The keyword arguments of each route's decorator, by route name.
 ROUTE_DOCS: dict[str, Json] = {
-    "list_file": {
-        "response_model": FileList,
-        "responses": _errors({400: PAGE_400}),
-        "openapi_extra": PAGE_QUERY,
-    },
-    "get_file": {
-        "response_model": FileObject,
-        "responses": _errors({404: _missing("file")}),
-        "openapi_extra": FILE_ID,
-    },
-    "upload": {
-        "response_model": FileObject,
-        "responses": _errors(
-            {
-                400: "Not a multipart form with a `file` and `purpose=batch`.",
-                408: "No bytes of the body arrived for `body_timeout_s`.",
-                413: "The file is larger than `batch_max_file_bytes`.",
-            }
-        ),
-        "openapi_extra": UPLOAD,
-    },
+    "list_file": _route(FileList, {400: PAGE_400}, PAGE_QUERY),
+    "get_file": _route(FileObject, {404: _missing("file")}, FILE_ID),
+    "upload": _route(
+        FileObject,
+        {
+            400: "Not a multipart form with a `file` and `purpose=batch`.",
+            408: "No bytes of the body arrived for `body_timeout_s`.",
+            413: "The file is larger than `batch_max_file_bytes`.",
+        },
+        UPLOAD,
+    ),
     "content": {
         "responses": {200: JSONL, **_errors({404: _missing("file")})},
         "openapi_extra": FILE_ID,
     },
-    "delete": {
-        "response_model": FileDeleted,
-        "responses": _errors({404: _missing("file")}),
-        "openapi_extra": FILE_ID,
-    },
-    "list_batch": {
-        "response_model": BatchList,
-        "responses": _errors({400: PAGE_400}),
-        "openapi_extra": PAGE_QUERY,
-    },
-    "get_batch": {
-        "response_model": BatchObject,
-        "responses": _errors({404: _missing("batch")}),
-        "openapi_extra": BATCH_ID,
-    },
-    "create": {
-        "response_model": BatchObject,
-        "responses": _errors(
-            {
-                400: "The body, its input file or a line of the file is not valid (the "
-                "message names which).",
-                408: "No bytes of the body arrived for `body_timeout_s`.",
-                413: "The body is larger than `max_body_bytes`.",
-            }
-        ),
-        "openapi_extra": CREATE,
-    },
-    "cancel": {
-        "response_model": BatchObject,
-        "responses": _errors({400: "The batch is final already.", 404: _missing("batch")}),
-        "openapi_extra": BATCH_ID,
-    },
+    "delete": _route(FileDeleted, {404: _missing("file")}, FILE_ID),
+    "list_batch": _route(BatchList, {400: PAGE_400}, PAGE_QUERY),
+    "get_batch": _route(BatchObject, {404: _missing("batch")}, BATCH_ID),
+    "create": _route(
+        BatchObject,
+        {
+            400: "The body, its input file or a line of the file is not valid (the "
+            "message names which).",
+            408: "No bytes of the body arrived for `body_timeout_s`.",
+            413: "The body is larger than `max_body_bytes`.",
+        },
+        CREATE,
+    ),
+    "cancel": _route(
+        BatchObject, {400: "The batch is final already.", 404: _missing("batch")}, BATCH_ID
+    ),
 }

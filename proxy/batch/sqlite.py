@@ -23,18 +23,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from proxy.batch.store import (
-    ACTIVE,
-    FINAL,
-    BatchRecord,
-    FileRecord,
-    Json,
-    LineError,
-    LineResult,
-    LineSpec,
-    NewBatch,
-    PendingLine,
-)
+from proxy.batch import store
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
@@ -61,17 +50,13 @@ CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
 """
 # Each step moves a database from the version before it to the next one.
 MIGRATIONS = {2: "ALTER TABLE batches ADD COLUMN errors TEXT;"}
-BATCH_COLUMNS = (
-    "id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "metadata, total, completed, failed, valid, invalid, output_file_id, error_file_id, times, "
-    "errors"
-)
-FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
+BATCH_COLUMNS = store.columns(store.BatchRecord)
+FILE_COLUMNS = store.columns(store.FileRecord)
 
 
-def _batch(row: Any) -> BatchRecord:
+def _batch(row: Any) -> store.BatchRecord:
     meta = json.loads(row[7]) if row[7] else None
-    return BatchRecord(
+    return store.BatchRecord(
         id=row[0], endpoint=row[1], input_file_id=row[2], completion_window=row[3],
         status=row[4], created_at=row[5], expires_at=row[6], metadata=meta, total=row[8],
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
@@ -154,11 +139,11 @@ class SQLiteStore:
     async def local_file(self, file_id: str) -> AsyncIterator[Path]:
         yield self.file_path(file_id)
 
-    async def add_file(self, purpose: str, filename: str, source: Path) -> FileRecord:
+    async def add_file(self, purpose: str, filename: str, source: Path) -> store.FileRecord:
         file_id, now = f"file-{uuid.uuid4().hex}", self._stamp()
 
-        def add(db: sqlite3.Connection) -> FileRecord:
-            record = FileRecord(file_id, purpose, filename, source.stat().st_size, now)
+        def add(db: sqlite3.Connection) -> store.FileRecord:
+            record = store.FileRecord(file_id, purpose, filename, source.stat().st_size, now)
             os.replace(source, self.file_path(record.id))
             db.execute(
                 f"INSERT INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
@@ -168,20 +153,20 @@ class SQLiteStore:
 
         return await self._run(add)
 
-    async def get_file(self, file_id: str) -> FileRecord | None:
+    async def get_file(self, file_id: str) -> store.FileRecord | None:
         def get(db: sqlite3.Connection) -> Any:
             sql = f"SELECT {FILE_COLUMNS} FROM files WHERE id = ? AND deleted = 0"
             return db.execute(sql, (file_id,)).fetchone()
 
         row = await self._run(get)
-        return FileRecord(*row) if row else None
+        return store.FileRecord(*row) if row else None
 
-    async def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+    async def list_files(self, after: str | None, limit: int) -> list[store.FileRecord]:
         def rows(db: sqlite3.Connection) -> list[Any]:
             sql = f"SELECT {FILE_COLUMNS} FROM files WHERE deleted = 0"
             return db.execute(*_page(sql, after, limit)).fetchall()
 
-        return [FileRecord(*row) for row in await self._run(rows)]
+        return [store.FileRecord(*row) for row in await self._run(rows)]
 
     async def delete_file(self, file_id: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
@@ -195,7 +180,7 @@ class SQLiteStore:
 
     # -- batches ------------------------------------------------------------------
 
-    async def add_batch(self, new: NewBatch) -> BatchRecord:
+    async def add_batch(self, new: store.NewBatch) -> store.BatchRecord:
         now = self._stamp()
 
         def add(db: sqlite3.Connection) -> None:
@@ -210,7 +195,7 @@ class SQLiteStore:
         await self._run(add)
         return await self._found(new.id)
 
-    async def fill_batch(self, batch_id: str, lines: Iterator[LineSpec]) -> BatchRecord:
+    async def fill_batch(self, batch_id: str, lines: Iterator[store.LineSpec]) -> store.BatchRecord:
         def fill(db: sqlite3.Connection) -> None:
             with _tx(db):
                 db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
@@ -225,7 +210,7 @@ class SQLiteStore:
         await self._run(fill)
         return await self._found(batch_id)
 
-    async def fail_batch(self, batch_id: str, errors: list[Json]) -> BatchRecord:
+    async def fail_batch(self, batch_id: str, errors: list[store.Json]) -> store.BatchRecord:
         def fail(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE batches SET status = 'failed', errors = ?, "
@@ -236,7 +221,9 @@ class SQLiteStore:
         await self._run(fail)
         return await self._found(batch_id)
 
-    async def expire_pending(self, batch_id: str, line_for: Callable[[str], LineResult]) -> int:
+    async def expire_pending(
+        self, batch_id: str, line_for: Callable[[str], store.LineResult]
+    ) -> int:
         def expire(db: sqlite3.Connection) -> int:
             with _tx(db):
                 sql = "SELECT idx, custom_id FROM lines WHERE batch_id = ? AND result IS NULL"
@@ -253,12 +240,12 @@ class SQLiteStore:
 
         return await self._run(expire)
 
-    async def _found(self, batch_id: str) -> BatchRecord:
+    async def _found(self, batch_id: str) -> store.BatchRecord:
         found = await self.get_batch(batch_id)
         assert found is not None
         return found
 
-    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+    async def get_batch(self, batch_id: str) -> store.BatchRecord | None:
         def get(db: sqlite3.Connection) -> Any:
             sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?"
             return db.execute(sql, (batch_id,)).fetchone()
@@ -266,18 +253,18 @@ class SQLiteStore:
         row = await self._run(get)
         return _batch(row) if row else None
 
-    async def list_batches(self, after: str | None, limit: int) -> list[BatchRecord]:
+    async def list_batches(self, after: str | None, limit: int) -> list[store.BatchRecord]:
         def rows(db: sqlite3.Connection) -> list[Any]:
             sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE 1 = 1"
             return db.execute(*_page(sql, after, limit)).fetchall()
 
         return [_batch(row) for row in await self._run(rows)]
 
-    async def active_batches(self) -> list[BatchRecord]:
+    async def active_batches(self) -> list[store.BatchRecord]:
         def rows(db: sqlite3.Connection) -> list[Any]:
-            marks = ", ".join("?" for _ in ACTIVE)
+            marks = ", ".join("?" for _ in store.ACTIVE)
             sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN ({marks}) ORDER BY rowid"
-            return db.execute(sql, ACTIVE).fetchall()
+            return db.execute(sql, store.ACTIVE).fetchall()
 
         return [_batch(row) for row in await self._run(rows)]
 
@@ -305,7 +292,7 @@ class SQLiteStore:
 
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float
-    ) -> list[PendingLine]:
+    ) -> list[store.PendingLine]:
         held = sum(1 for b, _ in self._leases if b == batch_id)
 
         def rows(db: sqlite3.Connection) -> list[Any]:
@@ -319,7 +306,7 @@ class SQLiteStore:
         free = [r for r in found if self._leases.get((batch_id, r[0]), ("", now - 1))[1] < now]
         for idx, _, _ in free[:limit]:
             self._leases[(batch_id, idx)] = (owner, now + lease_s)
-        return [PendingLine(i, c, json.loads(b)) for i, c, b in free[:limit]]
+        return [store.PendingLine(i, c, json.loads(b)) for i, c, b in free[:limit]]
 
     def _owned(self, batch_id: str, owner: str) -> list[tuple[str, int]]:
         return [k for k, (o, _) in self._leases.items() if k[0] == batch_id and o == owner]
@@ -338,7 +325,7 @@ class SQLiteStore:
             del self._leases[key]
         return len(mine)
 
-    async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
+    async def record(self, batch_id: str, idx: int, result: store.LineResult) -> bool:
         def record(db: sqlite3.Connection) -> bool:
             with _tx(db):
                 sql = "UPDATE lines SET ok = ?, result = ? WHERE batch_id = ? AND idx = ? "
@@ -356,13 +343,13 @@ class SQLiteStore:
         finally:
             self._leases.pop((batch_id, idx), None)
 
-    async def finalize(self, batch_id: str, status: str) -> BatchRecord:
+    async def finalize(self, batch_id: str, status: str) -> store.BatchRecord:
         now = self._stamp()
         out_id, err_id = f"file-{batch_id}-output", f"file-{batch_id}-errors"
 
         def finalize(db: sqlite3.Connection) -> None:
             row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
-            if row is None or row[0] in FINAL:
+            if row is None or row[0] in store.FINAL:
                 return
             sizes = self._write_results(db, batch_id, out_id, err_id)
             with _tx(db):
@@ -416,7 +403,7 @@ class _tx:
         self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
 
 
-def _insert_lines(db: sqlite3.Connection, batch_id: str, lines: Iterator[LineSpec]) -> int:
+def _insert_lines(db: sqlite3.Connection, batch_id: str, lines: Iterator[store.LineSpec]) -> int:
     total = 0
     for line in lines:
         try:
@@ -425,10 +412,10 @@ def _insert_lines(db: sqlite3.Connection, batch_id: str, lines: Iterator[LineSpe
                 (batch_id, line.idx, line.custom_id, line.body),
             )
         except sqlite3.IntegrityError:
-            raise LineError(line.idx, f"duplicate custom_id `{line.custom_id}`") from None
+            raise store.LineError(line.idx, f"duplicate custom_id `{line.custom_id}`") from None
         total += 1
     if total == 0:
-        raise LineError(0, "The input file has no requests.")
+        raise store.LineError(0, "The input file has no requests.")
     return total
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -119,6 +119,11 @@ class NewBatch:
     completion_window: str
     window_s: int
     metadata: Mapping[str, str] | None
+
+
+def columns(record: type[Any]) -> str:
+    """A record's fields in order: the columns a SQL backend reads it from."""
+    return ", ".join(f.name for f in fields(record))
 
 
 class BatchStore(Protocol):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import cast
 
 import httptools
@@ -352,43 +353,36 @@ class _Connection(asyncio.Protocol):
         self._drained = None
 
 
+@dataclass(eq=False)
 class _ResponseBody(httpx.AsyncByteStream):
     """A response's body as it arrives: what is buffered, in one piece per read."""
 
-    def __init__(
-        self,
-        transport: PlainHTTPTransport,
-        origin: Origin,
-        connection: _Connection,
-        read_limit_s: float | None,
-        request: httpx.Request,
-    ) -> None:
-        self._transport = transport
-        self._origin = origin
-        self._connection = connection
-        self._read_limit_s = read_limit_s
-        self._request = request
-        self._closed = False
+    transport: PlainHTTPTransport
+    origin: Origin
+    connection: _Connection
+    read_limit_s: float | None
+    request: httpx.Request
+    closed: bool = field(default=False, init=False)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        connection = self._connection
+        connection = self.connection
         while True:
             if connection.chunks:
                 yield connection.take()
             elif connection.complete:
                 return
             elif connection.closed:
-                raise connection.ended(self._request)
+                raise connection.ended(self.request)
             else:
-                await connection.wait(self._read_limit_s, self._request)
+                await connection.wait(self.read_limit_s, self.request)
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        connection = self._connection
+        self.closed = True
+        connection = self.connection
         if connection.complete:
-            self._transport.release(self._origin, connection)
+            self.transport.release(self.origin, connection)
         else:
             connection.close()
 

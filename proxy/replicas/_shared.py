@@ -38,10 +38,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from proxy.admission import Admission
+from proxy.availability import Availability
 from proxy.replicas._ledger import Ledger, LedgerError, Verdict
 from proxy.scheduler import ReplicaLoad, Reservation
 
@@ -96,52 +97,43 @@ def local_share(budget: int, replicas: int, last: ReplicaLoad | None) -> LocalSh
     return LocalShare(budget, share, hold=last.hold_for_interactive, others_idle=idle)
 
 
+@dataclass(eq=False)
 class SharedBudget:
     """Keeps ``admission``'s view of the other replicas current through ``ledger``;
     ``url_of(name)`` is an engine's URL (the ledger's key), None once it is gone.
     ``timeout_s`` and ``lease_s`` are the ledger's (``ledger_timeout_s``,
     ``ledger_lease_s``); ``clock`` a monotonic clock in seconds."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        admission: Admission,
-        url_of: Callable[[str], str | None],
-        *,
-        interval_s: float,
-        timeout_s: float = 1.0,
-        lease_s: float = 3.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ledger = ledger
-        self.admission = admission
-        self.url_of = url_of
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.lease_s = lease_s
-        self.clock = clock
-        self.others: dict[str, ReplicaLoad] = {}
-        self.replicas: dict[str, int] = {}  # by engine: live at the last publication
-        self.failures = 0
-        self.refused = 0
-        self.outages = 0
-        self.local_grants = 0  # batch requests sent on the local budget
-        self.cause = ""  # the latest failure
-        self.down_since: float | None = None  # None while the ledger is up
-        self._streak = 0  # failed calls in a row
-        self._streak_since = 0.0  # when the first of them began
-        self._published_at: float | None = None
-        self._before: dict[str, int] = {}  # self.replicas when the last outage began
-        self._back_at: float | None = None  # when the last outage ended
-        self._absent: dict[str, int] = {}  # by engine: tokens held for replicas not back
-        self._local_at_down = 0
-        self._lock = asyncio.Lock()
-        self._nudged = asyncio.Event()
+    ledger: Ledger
+    admission: Admission
+    url_of: Callable[[str], str | None]
+    _: KW_ONLY
+    interval_s: float
+    timeout_s: float = 1.0
+    lease_s: float = 3.0
+    clock: Callable[[], float] = time.monotonic
+    others: dict[str, ReplicaLoad] = field(default_factory=dict, init=False)
+    # by engine: the replicas live there at the last publication
+    replicas: dict[str, int] = field(default_factory=dict, init=False)
+    availability: Availability = field(default_factory=Availability, init=False)
+    failures: int = field(default=0, init=False)
+    refused: int = field(default=0, init=False)
+    local_grants: int = field(default=0, init=False)  # batch sent on the local budget
+    _streak: int = field(default=0, init=False)  # failed calls in a row
+    _streak_since: float = field(default=0.0, init=False)  # when the first of them began
+    _published_at: float | None = field(default=None, init=False)
+    # self.replicas when the last outage began
+    _before: dict[str, int] = field(default_factory=dict, init=False)
+    # by engine: tokens held for replicas not back
+    _absent: dict[str, int] = field(default_factory=dict, init=False)
+    _local_at_down: int = field(default=0, init=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _nudged: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     @property
     def up(self) -> bool:
         """Whether the ledger answers (False: batch runs on the local budget)."""
-        return self.down_since is None
+        return self.availability.up
 
     def nudge(self) -> None:
         """Publish soon: this replica just freed something (a first token, a finish),
@@ -243,6 +235,11 @@ class SharedBudget:
         last = self.others.get(engine, ReplicaLoad()) if fresh else None
         return local_share(self.admission.budget_tokens(engine), k, last)
 
+    @property
+    def outages(self) -> int:
+        """How many times the ledger went down (``whoseturn_ledger_outages_total``)."""
+        return self.availability.outages
+
     def report(self) -> dict[str, Any]:
         """The ledger's state as this replica sees it, for ``/turn`` (a read)."""
         engines: dict[str, dict[str, int]] = {}
@@ -251,12 +248,12 @@ class SharedBudget:
             if not self.up:
                 entry["local_share_tokens"] = self.local_share(name).share
             engines[name] = entry
-        down = self.down_since
+        ledger = self.availability
         return {
-            "up": down is None,
-            "down_for_s": None if down is None else round(self.clock() - down, 3),
-            "cause": None if down is None else self.cause,
-            "outages": self.outages,
+            "up": ledger.up,
+            "down_for_s": None if ledger.up else round(self.clock() - ledger.since, 3),
+            "cause": None if ledger.up else ledger.cause,
+            "outages": ledger.outages,
             "local_batch_sent": self.local_grants,
             "engines": engines,
         }
@@ -265,8 +262,8 @@ class SharedBudget:
         """For one lease after an outage, the replicas live before it and not back in
         the ledger yet: on each engine, the tokens of their local shares (and they
         still count in ``replicas``, for an outage that would follow)."""
-        back = self._back_at
-        if back is None or self.clock() - back >= self.lease_s:
+        ledger = self.availability
+        if not ledger.outages or self.clock() - ledger.since >= self.lease_s:
             self._absent = {}
             return
         self._absent = {}
@@ -306,11 +303,12 @@ class SharedBudget:
 
     def _failed(self, what: str, exc: LedgerError, started: float) -> None:
         self.failures += 1
-        self.cause = f"{what}: {exc}"
+        cause = f"{what}: {exc}"
         if self._streak == 0:
             self._streak_since = started
         self._streak += 1
         if not self.up:
+            self.availability.cause = cause  # the latest failure
             logger.debug("ledger %s failed again: %s", what, exc)
             return
         lasted = self.clock() - self._streak_since
@@ -318,24 +316,21 @@ class SharedBudget:
             if self._streak == 1:
                 logger.info("ledger %s failed: %s", what, exc)
             return
-        self.down_since = self._streak_since
-        self.outages += 1
+        self.availability.down(self._streak_since, cause)
         self._local_at_down = self.local_grants
         self._before = dict(self.replicas)  # those not back from an earlier one included
         logger.warning(
             "shared ledger down (%s; failed calls in a row: %d, over %.1f s): batch goes on "
             "within a local share of each engine's budget until the ledger answers again",
-            self.cause, self._streak, lasted,
+            cause, self._streak, lasted,
         )  # fmt: skip
         self._observe_local()
 
     def _answered(self, *, rejoin: bool) -> None:
         self._streak = 0
-        if self.down_since is None or not rejoin:
+        lasted = self.availability.back(self.clock()) if rejoin else None
+        if lasted is None:
             return
-        lasted = self.clock() - self.down_since
-        self.down_since = None
-        self._back_at = self.clock()
         logger.info(
             "shared ledger back after %.1f s down: batch is reserved through it again "
             "(%d batch requests were sent on the local budget meanwhile)",

@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 PROXY_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "config", "clock", "help_format", "logs"),  # ground
+    ("__init__", "config", "clock", "help_format", "logs", "availability"),  # ground
     ("scheduler",),
     ("engines",),
     ("openai",),
