@@ -240,12 +240,12 @@ class ServingSettings:
 
     PREFIX: ClassVar[str] = ""
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # 0.0.0.0: every interface
     port: int = 8080
-    ttft_target_s: float = 0.300
-    gap_target_s: float = 0.100
-    drain_timeout_s: float = 30.0
-    decision_log_size: int = 1000
+    ttft_target_s: float = 0.300  # chat's time to first token (the budget loop aims below)
+    gap_target_s: float = 0.100  # chat's gap between tokens, p95
+    drain_timeout_s: float = 30.0  # on SIGTERM, requests in flight get this long
+    decision_log_size: int = 1000  # decisions kept for GET /turn/log
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -548,47 +548,45 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     return settings
 
 
+def _positive(s: Any, *names: str) -> None:
+    """Each of ``names`` of section ``s`` above zero; an error names the file's key."""
+    for name in names:
+        _check(getattr(s, name) > 0, s.PREFIX + name, "must be positive")
+
+
+def _at_least_one(s: Any, *names: str) -> None:
+    for name in names:
+        _check(getattr(s, name) >= 1, s.PREFIX + name, "must be at least 1")
+
+
 def _check_serving(s: ServingSettings) -> None:
     """The port, the decision log, the drain."""
     _check(1 <= s.port <= 65535, "port", "expected 1..65535")
-    _check(s.decision_log_size >= 1, "decision_log_size", "must be at least 1")
+    _at_least_one(s, "decision_log_size")
     _check(s.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
 
 
 def _check_upstream(s: UpstreamSettings) -> None:
-    """The health checks, the engine timeouts, outlier ejection, discovery."""
-    _check(
-        s.health_interval_s > 0 and s.scrape_interval_s > 0,
-        "intervals",
-        "health_interval_s and scrape_interval_s must be positive",
-    )
-    _check(s.unhealthy_after >= 1, "unhealthy_after", "must be at least 1")
-    _check(s.health_timeout_s > 0, "health_timeout_s", "must be positive")
-    _check(s.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
-    _check(
-        s.first_byte_timeout_s > 0 and s.idle_timeout_s > 0,
-        "timeouts",
-        "first_byte_timeout_s and idle_timeout_s must be positive",
-    )
-    _check(s.outlier_consecutive_errors >= 1, "outlier_consecutive_errors", "must be at least 1")
-    _check(s.dns_interval_s > 0, "dns_interval_s", "must be positive")
+    """The engine timeouts, outlier ejection, the health checks, discovery."""
+    _positive(s, "first_byte_timeout_s", "idle_timeout_s", "connect_timeout_s")
+    _positive(s, "health_interval_s", "scrape_interval_s", "health_timeout_s", "dns_interval_s")
+    _at_least_one(s, "outlier_consecutive_errors", "unhealthy_after")
 
 
 def _check_sharing(s: SharingSettings) -> None:
     """How chat and batch share an engine."""
     _check(0 <= s.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
-    _check(s.hold_timeout_s > 0, "hold_timeout_s", "must be positive")
+    _positive(s, "hold_timeout_s")
     _check(s.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
-    _check(s.batch_abort_max >= 1, "batch_abort_max", "must be at least 1")
+    _at_least_one(s, "batch_abort_max")
 
 
 def _check_edge(s: EdgeSettings) -> None:
     """The largest body, the slow-client timeouts, the cap and the budget of bodies in
     flight."""
     _check(s.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
-    _check(s.header_timeout_s > 0, "header_timeout_s", "must be positive")
-    _check(s.body_timeout_s > 0, "body_timeout_s", "must be positive")
-    _check(s.max_incomplete_connections >= 1, "max_incomplete_connections", "must be at least 1")
+    _positive(s, "header_timeout_s", "body_timeout_s")
+    _at_least_one(s, "max_incomplete_connections")
     _check(
         s.max_body_bytes_in_flight >= s.max_body_bytes,
         "max_body_bytes_in_flight",
@@ -607,9 +605,9 @@ def _check_replicas(settings: Settings) -> None:
         "ledger_interval_s",
         "must be positive and below ledger_lease_s",
     )
-    _check(s.ledger_timeout_s > 0, "ledger_timeout_s", "must be positive")
+    _positive(s, "ledger_timeout_s")
+    _at_least_one(s, "workers")
     n = s.workers
-    _check(n >= 1, "workers", "must be at least 1")
     _check(
         n == 1 or bool(s.ledger_dsn),
         "workers",
@@ -628,10 +626,8 @@ def _check_replicas(settings: Settings) -> None:
 
 def _check_batch(s: BatchSettings) -> None:
     _check(s.store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
-    for name in ("max_file_bytes", "max_lines", "window", "max_attempts", "pool_size"):
-        _check(getattr(s, name) >= 1, s.PREFIX + name, "must be at least 1")
-    _check(s.lease_s > 0, "batch_lease_s", "must be positive")
-    _check(s.store_timeout_s > 0, "batch_store_timeout_s", "must be positive")
+    _at_least_one(s, "max_file_bytes", "max_lines", "window", "max_attempts", "pool_size")
+    _positive(s, "lease_s", "store_timeout_s")
     _check(
         s.store != "postgres" or bool(s.dsn),
         "batch_dsn",
