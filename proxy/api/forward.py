@@ -101,7 +101,21 @@ queued again (:meth:`proxy.replicas.SharedBudget.reserve`)."""
 @dataclass(eq=False)
 class Forwarder:
     """The request path of the completion routes, from the client's request to the
-    engine's answer."""
+    engine's answer. Its methods stand in the order a request meets them:
+
+    1. :meth:`handle`: read and check the request (:meth:`_check_servable`), count its
+       prompt, give it its id (:meth:`_job_id`);
+    2. :meth:`_open`: wait for its turn (:meth:`_wait` → :meth:`_queued` →
+       :meth:`_admit`, the scheduler through the admission), reserve batch tokens in
+       the shared budget (:meth:`_reserved`), send it to the engine
+       (:meth:`_attempt` → :meth:`_connect` → :meth:`_first_chunk`), and on a failure
+       before the client's first byte queue it again (:meth:`_open_failed`,
+       :meth:`_retry`);
+    3. relay: a stream as it comes (:meth:`_stream`), or a whole answer assembled
+       (:meth:`_answer` → :meth:`_finish_answer`).
+
+    Two other ways in: :meth:`complete` (a batch line, no client) and :meth:`abort`
+    (the scheduler cuts a batch request in prefill for a chat)."""
 
     settings: Settings
     pool: EnginePool
@@ -128,6 +142,13 @@ class Forwarder:
             logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
 
+    def _check_servable(self, req: ChatRequest) -> None:
+        error = unservable(req.model, req.cls, self.services.admission, self.monitor)
+        if error is not None:
+            if error.status == 503:
+                self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
+            raise error
+
     def _job_id(self, request: Request) -> str:
         """The request's id (:mod:`proxy.api.request_ids`), which is its job's id in the
         scheduler and its decisions' in ``/turn/log``; a client's id already in use
@@ -138,29 +159,25 @@ class Forwarder:
             set_request_id(request.scope, job_id)
         return job_id
 
-    async def complete(self, req: ChatRequest, job_id: str) -> Answer:
-        """One whole answer for work with no client connection (a batch job's line),
-        through the same admission, engines and relay as a request: the status and
-        JSON body a client would have had, its bytes as made for the response (not
-        parsed again). Cancelling the caller aborts the work."""
-        arrival = self.services.clock.now()
-        try:
-            self._check_servable(req)
-            count = await self.services.counter.count(req)
-            response = await self._answer(Ticket(job_id, req, arrival, count))
-        except PassThrough as exc:
-            return Answer.of(exc.error.status, _json_or_error(exc.error.body))
-        except APIError as exc:
-            return Answer.of(exc.status, exc.body())
-        assert isinstance(response, _Assembled)
-        return Answer(response.status_code, bytes(response.body), response.content)
-
-    def _check_servable(self, req: ChatRequest) -> None:
-        error = unservable(req.model, req.cls, self.services.admission, self.monitor)
-        if error is not None:
-            if error.status == 503:
-                self.services.metrics.requests.labels(req.cls.value, "", "rejected").inc()
-            raise error
+    async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
+        """Wait for the job's turn and open its upstream stream, retrying elsewhere
+        while no byte has reached the client, and again after an abort."""
+        aborted = False
+        while True:
+            admitted = await self._wait(ticket, retried)
+            retried = True
+            if aborted:
+                self.piece_sender.requeued(admitted.engine)
+            if not await self._reserved(ticket):
+                continue  # queued again: the shared budget refused it (batch only)
+            try:
+                opened = await self._attempt(ticket, admitted)
+            except BaseException as exc:
+                self._open_failed(ticket, admitted, exc)
+                continue
+            if opened is not None:
+                return opened
+            aborted = True  # requeued at the head of the batch queue: wait again
 
     async def _wait(self, ticket: Ticket, retried: bool) -> Admitted:
         """The job's next dispatch: queued first (after its pieces, where it goes in
@@ -224,39 +241,16 @@ class Forwarder:
             return False
         return mode == "on" or final.engine is not None or whole_by_choice
 
-    async def _open(self, ticket: Ticket, retried: bool = False) -> Opened:
-        """Wait for the job's turn and open its upstream stream, retrying elsewhere
-        while no byte has reached the client, and again after an abort."""
-        aborted = False
-        while True:
-            admitted = await self._wait(ticket, retried)
-            retried = True
-            if aborted:
-                self.piece_sender.requeued(admitted.engine)
-            if not await self._reserved(ticket):
-                continue  # queued again: the shared budget refused it (batch only)
-            try:
-                opened = await self._attempt(ticket, admitted)
-            except BaseException as exc:
-                self._open_failed(ticket, admitted, exc)
-                continue
-            if opened is not None:
-                return opened
-            aborted = True  # requeued at the head of the batch queue: wait again
-
-    def abort(self, abort: Abort) -> bool:
-        """Cut batch job ``abort.job_id``'s upstream request if nothing of it can have
-        reached its client yet; whether it was (the admission then requeues it)."""
-        if not self.windows.abort(abort.job_id, abort.engine):
-            return False
-        logger.info(
-            "%s: aborted in prefill on %s, to be requeued: chat %s waited %.3f s and "
-            "%.3f s of its prefill was left, past the TTFT aim %.3f s (abort %d of %d)",
-            abort.job_id, abort.engine, abort.chat_id, abort.waited_s, abort.remaining_s,
-            abort.aim_s, abort.number, abort.limit,
-        )  # fmt: skip
-        self.piece_sender.aborted(abort.engine)
-        return True
+    async def _reserved(self, ticket: Ticket) -> bool:
+        """With several replicas, the job's tokens reserved in the shared budget
+        (docs/replicas.md); False if it was queued again instead."""
+        if self.reserve is None or ticket.req.cls is not TrafficClass.BATCH:
+            return True
+        try:
+            return await self.reserve(ticket.id)
+        except BaseException:
+            self.services.admission.abandon(ticket.id)  # the client left meanwhile
+            raise
 
     async def _attempt(self, ticket: Ticket, admitted: Admitted) -> Opened | None:
         """Open the job's upstream stream on its engine; an abortable job's within a
@@ -285,25 +279,6 @@ class Forwarder:
             return None
         admission.answering(ticket.id)
         return opened
-
-    async def _first_chunk(self, opened: Opened) -> Opened:
-        """``opened`` with its first chunk read, to be relayed after it. A read that
-        fails (or times out) is kept too, and raised where the relay reads it."""
-        chunks = opened.response.aiter_raw()
-        limit = self.services.timeouts.first_byte_s
-        first: bytes | None = None
-        error: Exception | None = None
-        wait = self.monitor.awaiting(opened.engine)
-        try:
-            with wait, anyio.move_on_after(limit) as timer:
-                first = await anext(chunks, None)
-            if timer.cancelled_caught:
-                error = EngineTimeout(opened.engine, f"the engine sent nothing for {limit:g} s")
-        except (httpx.HTTPError, UpstreamError) as exc:
-            error = exc
-        if wait.cut:  # nothing was relayed yet: retried elsewhere
-            raise EngineUnavailable(opened.engine, f"{wait.reason}, before its first chunk")
-        return dataclasses.replace(opened, chunks=_replay(first, error, chunks))
 
     async def _connect(self, ticket: Ticket, admitted: Admitted) -> Opened:
         """Open the job's upstream stream on its engine. A connect timeout on an
@@ -342,16 +317,24 @@ class Forwarder:
                 return Opened(admitted, response, stack)
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _reserved(self, ticket: Ticket) -> bool:
-        """With several replicas, the job's tokens reserved in the shared budget
-        (docs/replicas.md); False if it was queued again instead."""
-        if self.reserve is None or ticket.req.cls is not TrafficClass.BATCH:
-            return True
+    async def _first_chunk(self, opened: Opened) -> Opened:
+        """``opened`` with its first chunk read, to be relayed after it. A read that
+        fails (or times out) is kept too, and raised where the relay reads it."""
+        chunks = opened.response.aiter_raw()
+        limit = self.services.timeouts.first_byte_s
+        first: bytes | None = None
+        error: Exception | None = None
+        wait = self.monitor.awaiting(opened.engine)
         try:
-            return await self.reserve(ticket.id)
-        except BaseException:
-            self.services.admission.abandon(ticket.id)  # the client left meanwhile
-            raise
+            with wait, anyio.move_on_after(limit) as timer:
+                first = await anext(chunks, None)
+            if timer.cancelled_caught:
+                error = EngineTimeout(opened.engine, f"the engine sent nothing for {limit:g} s")
+        except (httpx.HTTPError, UpstreamError) as exc:
+            error = exc
+        if wait.cut:  # nothing was relayed yet: retried elsewhere
+            raise EngineUnavailable(opened.engine, f"{wait.reason}, before its first chunk")
+        return dataclasses.replace(opened, chunks=_replay(first, error, chunks))
 
     def _open_failed(self, ticket: Ticket, admitted: Admitted, exc: BaseException) -> None:
         """Returns if the job was queued again for another engine; else raises what
@@ -388,16 +371,19 @@ class Forwarder:
             self._count(ticket, engine, "engine_error")
         return requeued
 
-    def _count(self, ticket: Ticket, engine: str, outcome: str) -> None:
-        self.services.metrics.requests.labels(ticket.req.cls.value, engine, outcome).inc()
+    def _stream(self, ticket: Ticket, opened: Opened) -> Response:
+        relay = Relay(
+            ticket, opened.admitted, opened.response, self.services, opened.chunks,
+            self._first_chunk_wait(opened),
+        )  # fmt: skip
+        headers = self._headers(ticket, opened.admitted)
+        wish = ticket.req.wish
+        return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
 
-    @staticmethod
-    def _headers(ticket: Ticket, admitted: Admitted) -> dict[str, str]:
-        return {
-            "X-Whoseturn-Class": ticket.req.cls.value,
-            "X-Whoseturn-Engine": admitted.engine,
-            "X-Whoseturn-Queue-Ms": f"{admitted.queued_s * 1000:.1f}",
-        }
+    def _first_chunk_wait(self, opened: Opened) -> AnswerWait | None:
+        """The watch on the engine's first chunk for the relay, where it is still to
+        come (an abortable job's was read already)."""
+        return self.monitor.awaiting(opened.engine) if opened.chunks is None else None
 
     async def _answer(self, ticket: Ticket) -> Response:
         """A whole (non-streaming) answer; the stream may be retried if it breaks."""
@@ -442,19 +428,47 @@ class Forwarder:
         self.monitor.request_succeeded(relay.engine)
         return _Assembled(asm.body(), headers=headers)
 
-    def _first_chunk_wait(self, opened: Opened) -> AnswerWait | None:
-        """The watch on the engine's first chunk for the relay, where it is still to
-        come (an abortable job's was read already)."""
-        return self.monitor.awaiting(opened.engine) if opened.chunks is None else None
+    @staticmethod
+    def _headers(ticket: Ticket, admitted: Admitted) -> dict[str, str]:
+        return {
+            "X-Whoseturn-Class": ticket.req.cls.value,
+            "X-Whoseturn-Engine": admitted.engine,
+            "X-Whoseturn-Queue-Ms": f"{admitted.queued_s * 1000:.1f}",
+        }
 
-    def _stream(self, ticket: Ticket, opened: Opened) -> Response:
-        relay = Relay(
-            ticket, opened.admitted, opened.response, self.services, opened.chunks,
-            self._first_chunk_wait(opened),
+    def _count(self, ticket: Ticket, engine: str, outcome: str) -> None:
+        self.services.metrics.requests.labels(ticket.req.cls.value, engine, outcome).inc()
+
+    async def complete(self, req: ChatRequest, job_id: str) -> Answer:
+        """One whole answer for work with no client connection (a batch job's line),
+        through the same admission, engines and relay as a request: the status and
+        JSON body a client would have had, its bytes as made for the response (not
+        parsed again). Cancelling the caller aborts the work."""
+        arrival = self.services.clock.now()
+        try:
+            self._check_servable(req)
+            count = await self.services.counter.count(req)
+            response = await self._answer(Ticket(job_id, req, arrival, count))
+        except PassThrough as exc:
+            return Answer.of(exc.error.status, _json_or_error(exc.error.body))
+        except APIError as exc:
+            return Answer.of(exc.status, exc.body())
+        assert isinstance(response, _Assembled)
+        return Answer(response.status_code, bytes(response.body), response.content)
+
+    def abort(self, abort: Abort) -> bool:
+        """Cut batch job ``abort.job_id``'s upstream request if nothing of it can have
+        reached its client yet; whether it was (the admission then requeues it)."""
+        if not self.windows.abort(abort.job_id, abort.engine):
+            return False
+        logger.info(
+            "%s: aborted in prefill on %s, to be requeued: chat %s waited %.3f s and "
+            "%.3f s of its prefill was left, past the TTFT aim %.3f s (abort %d of %d)",
+            abort.job_id, abort.engine, abort.chat_id, abort.waited_s, abort.remaining_s,
+            abort.aim_s, abort.number, abort.limit,
         )  # fmt: skip
-        headers = self._headers(ticket, opened.admitted)
-        wish = ticket.req.wish
-        return RelayResponse(relay, opened.stack, wish.include_usage, headers, self.monitor)
+        self.piece_sender.aborted(abort.engine)
+        return True
 
 
 async def _replay(
