@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -42,15 +42,8 @@ from proxy.config import BudgetConfig, EngineConfig
 from proxy.metrics import BatchMetrics
 from proxy.scheduler import Job, Scheduler, TrafficClass
 from tests.support import MODEL
-from tests.support.processes import (
-    LOOPBACK,
-    free_port,
-    logged_child,
-    loopback_url,
-    serve_command,
-    sim_command,
-    wait_until_ok,
-)
+from tests.support.children import logged_proxy, logged_sim
+from tests.support.processes import LOOPBACK
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
 
@@ -91,20 +84,13 @@ def run_stack(
 ) -> Iterator[Stack]:
     """``whoseturn sim --profile cpu-tiny SIM_FLAGS``, then ``whoseturn serve`` in
     front of it (engine ``engine-0``); yields once both are ready."""
-    sim_port, proxy_port = free_port(), free_port()
-    sim_url, proxy_url = loopback_url(sim_port), loopback_url(proxy_port)
-    engine = {"url": sim_url, "name": "engine-0", "models": [MODEL]}
-    sim_command_line = sim_command("--port", str(sim_port), *sim_flags)
-    proxy_command_line = serve_command(
-        tmp / "whoseturn.yaml", port=proxy_port, engines=[engine], host=LOOPBACK, **proxy_options
-    )
-    with ExitStack() as stack:
-        sim = stack.enter_context(logged_child("sim", sim_command_line, logs, grace_s=5))
-        wait_until_ok(f"{sim_url}/health", process=sim.process, what=f"whoseturn sim ({sim.log})")
-        proxy = stack.enter_context(logged_child("proxy", proxy_command_line, logs, grace_s=5))
-        what = f"whoseturn serve ({proxy.log})"
-        wait_until_ok(f"{proxy_url}/readyz", process=proxy.process, what=what)
-        yield Stack(sim_url=sim_url, proxy_url=proxy_url, engine="engine-0")
+    with logged_sim(logs, *sim_flags, grace_s=5) as (_, sim_url):
+        engine = {"url": sim_url, "name": "engine-0", "models": [MODEL]}
+        with logged_proxy(tmp, [engine], logs=logs, grace_s=5, host=LOOPBACK, **proxy_options) as (
+            _,
+            proxy_url,
+        ):
+            yield Stack(sim_url=sim_url, proxy_url=proxy_url, engine="engine-0")
 
 
 # -- the scenario ---------------------------------------------------------------
@@ -328,38 +314,64 @@ def scripted_scheduler() -> tuple[Scheduler, VirtualClock]:
     return scheduler, clock
 
 
-def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
-    scheduler, clock = scripted_scheduler()
-    admission = Admission(scheduler)
+ORIGIN = "http://whoseturn.test"
+
+
+def open_status_page(
+    page: Page, reads: Callable[[str], Any], offline: threading.Event | None = None
+) -> list[str]:
+    """Open the real status page at :data:`ORIGIN`, each of its reads (a path with its
+    query) answered with the JSON ``reads(path)`` gives, refused where that is
+    ``None``; while ``offline`` is set, every read but the page itself is refused.
+    Returns the list of the refused paths and of requests to other origins, which
+    stays empty while the page reads only what it should (it is self-contained)."""
     app = FastAPI()
     install_status_route(app)
     status = TestClient(app).get("/status")
-    offline = threading.Event()
     strays: list[str] = []
 
     def handle(route: Route) -> None:
-        path = route.request.url.removeprefix("http://whoseturn.test")
+        path = route.request.url.removeprefix(ORIGIN)
         if path == route.request.url:
             strays.append(path)  # the page is self-contained: nothing from elsewhere
             route.abort("blockedbyclient")
         elif path == "/status":
             route.fulfill(status=200, headers=dict(status.headers), body=status.content)
-        elif offline.is_set():
+        elif offline is not None and offline.is_set():
             route.abort("connectionrefused")
-        elif path == "/status/batches":
-            route.fulfill(json={"enabled": False, "jobs": []})
-        elif path.startswith("/turn/log"):
-            route.fulfill(json=log_body(admission, 14))
-        elif path.startswith("/turn/history"):
-            route.fulfill(json=history_body(admission, 60))
-        elif path.startswith("/turn"):
-            route.fulfill(json=turn_body(admission))
+        elif (body := reads(path)) is not None:
+            route.fulfill(json=body)
         else:
             strays.append(path)
             route.abort("blockedbyclient")
 
     page.route("**/*", handle)
-    page.goto("http://whoseturn.test/status")
+    page.goto(f"{ORIGIN}/status")
+    return strays
+
+
+def proxy_reads(scheduler: Scheduler) -> Callable[[str], Any]:
+    """The proxy's answers to the page's reads, from ``scheduler`` (no batch jobs)."""
+    admission = Admission(scheduler)
+
+    def read(path: str) -> Any:
+        if path == "/status/batches":
+            return {"enabled": False, "jobs": []}
+        if path.startswith("/turn/log"):
+            return log_body(admission, 14)
+        if path.startswith("/turn/history"):
+            return history_body(admission, 60)
+        if path.startswith("/turn"):
+            return turn_body(admission)
+        return None
+
+    return read
+
+
+def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
+    scheduler, clock = scripted_scheduler()
+    offline = threading.Event()
+    strays = open_status_page(page, proxy_reads(scheduler), offline)
     expected = {
         "engine-a": ("interactive", "interactive_waiting"),
         "engine-b": ("batch", "prefill_budget"),
@@ -392,33 +404,6 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     assert not strays, strays
 
 
-def open_page_on(page: Page, scheduler: Scheduler) -> None:
-    """Open the status page with its reads answered from ``scheduler`` as the
-    proxy's routes would answer them (no batch jobs; nothing from elsewhere)."""
-    admission = Admission(scheduler)
-    app = FastAPI()
-    install_status_route(app)
-    status = TestClient(app).get("/status")
-
-    def handle(route: Route) -> None:
-        path = route.request.url.removeprefix("http://whoseturn.test")
-        if path == "/status":
-            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
-        elif path == "/status/batches":
-            route.fulfill(json={"enabled": False, "jobs": []})
-        elif path.startswith("/turn/history"):
-            route.fulfill(json=history_body(admission, 60))
-        elif path.startswith("/turn/log"):
-            route.fulfill(json=log_body(admission, 14))
-        elif path.startswith("/turn"):
-            route.fulfill(json=turn_body(admission))
-        else:
-            route.abort("blockedbyclient")
-
-    page.route("**/*", handle)
-    page.goto("http://whoseturn.test/status")
-
-
 def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
     clock = VirtualClock(1000.0)
     engine = EngineConfig(name="engine-a", models=frozenset({"a"}))
@@ -430,7 +415,7 @@ def test_a_page_opened_now_shows_the_last_minute_at_once(page: Page) -> None:
     for _ in range(70):  # seventy seconds of batch's turn, before the page exists
         clock.advance(1.0)
         scheduler.tick()
-    open_page_on(page, scheduler)
+    open_status_page(page, proxy_reads(scheduler))
     wait_turn(page, "engine-a", "batch", 5)
     page.wait_for_function(
         "document.querySelector('[data-engine=\"engine-a\"] .timeline').width > 0"
@@ -487,7 +472,7 @@ def test_a_budget_at_its_floor_says_why_on_the_page(page: Page, artifacts: Path)
     clock.advance(0.3)
     budget = scheduler.engines["engine-a"].budget
     assert budget.tokens == budget.settings.min_tokens
-    open_page_on(page, scheduler)
+    open_status_page(page, proxy_reads(scheduler))
     wait_turn(page, "engine-a", "interactive", 5)
     why = page.locator('[data-engine="engine-a"] .budget-why')
     why.wait_for()
@@ -539,26 +524,18 @@ def batch_rows() -> list[dict[str, Any]]:
 
 
 def test_status_page_shows_batch_jobs_and_a_window_out_of_reach(page: Page) -> None:
-    app = FastAPI()
-    install_status_route(app)
-    status = TestClient(app).get("/status")
     rows = batch_rows()
 
-    def handle(route: Route) -> None:
-        path = route.request.url.removeprefix("http://whoseturn.test")
-        if path == "/status":
-            route.fulfill(status=200, headers=dict(status.headers), body=status.content)
-        elif path == "/status/batches":
-            route.fulfill(json={"enabled": True, "jobs": rows})
-        elif path.startswith("/turn/log"):
-            route.fulfill(json={"budget": [], "decisions": []})
-        elif path.startswith("/turn"):
-            route.fulfill(json={"time": 1000.0, "engines": []})
-        else:
-            route.abort("blockedbyclient")
+    def read(path: str) -> Any:
+        if path == "/status/batches":
+            return {"enabled": True, "jobs": rows}
+        if path.startswith("/turn/log"):
+            return {"budget": [], "decisions": []}
+        if path.startswith("/turn"):
+            return {"time": 1000.0, "engines": []}
+        return None
 
-    page.route("**/*", handle)
-    page.goto("http://whoseturn.test/status")
+    open_status_page(page, read)
     page.wait_for_selector('#batch-jobs tr[data-batch="batch_new"]', timeout=5000)
     assert page.is_visible("#batches") and not page.is_visible("#batches-empty")
     reach = page.eval_on_selector_all(

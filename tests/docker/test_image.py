@@ -20,13 +20,8 @@ import pytest
 import yaml
 
 from tests.support import MODEL
-from tests.support.processes import (
-    free_port,
-    logged_child,
-    loopback_url,
-    sim_command,
-    wait_until_ok,
-)
+from tests.support.children import logged_sim
+from tests.support.processes import free_port, loopback_url, wait_until_ok
 
 from .conftest import docker, wait_for_model
 
@@ -43,11 +38,7 @@ class Container:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A simulated engine on this host (the container reaches it over the host network)."""
-    port = free_port()
-    logs = tmp_path_factory.mktemp("logs")
-    with logged_child("sim", sim_command("--port", str(port)), logs) as child:
-        url = loopback_url(port)
-        wait_until_ok(f"{url}/health", process=child.process, what="the simulated engine")
+    with logged_sim(tmp_path_factory.mktemp("logs")) as (_, url):
         yield url
 
 

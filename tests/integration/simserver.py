@@ -7,6 +7,7 @@ with httpx or the official ``openai`` client.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,3 +71,15 @@ def abort_latencies(
         sim.wait_for(lambda: sim.requests_running() == 0, timeout=2)
         latencies.append(time.monotonic() - left_at)
     return latencies
+
+
+def hang_up_while_running(sim: SimServer, sock: socket.socket, *, after_s: float) -> float:
+    """Close ``sock``, whose request ``sim`` must be running ``after_s`` after it began
+    to; returns when it was closed (a ``leave`` of :func:`abort_latencies`)."""
+    try:
+        sim.wait_for(lambda: sim.requests_running() == 1, timeout=2)
+        time.sleep(after_s)
+        assert sim.requests_running() == 1
+    finally:
+        sock.close()
+    return time.monotonic()

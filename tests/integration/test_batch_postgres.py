@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import httpx
 import psycopg
@@ -50,36 +51,37 @@ def wait(predicate: Callable[[], bool], timeout_s: float = 90) -> None:
         time.sleep(0.005)
 
 
+def query(dsn: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """The rows ``sql`` (with ``params``) gives, on a connection of its own."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
 def status(dsn: str, batch_id: str) -> tuple[str, int]:
     """The job's status and how many lines have a result, read from the database."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT b.status, (SELECT count(*) FROM lines l WHERE l.batch_id = b.id "
-            "AND l.result IS NOT NULL) FROM batches b WHERE b.id = %s",
-            (batch_id,),
-        ).fetchone()
-    assert row is not None
-    return str(row[0]), int(row[1])
+    ((job_status, done),) = query(
+        dsn,
+        "SELECT b.status, (SELECT count(*) FROM lines l WHERE l.batch_id = b.id "
+        "AND l.result IS NOT NULL) FROM batches b WHERE b.id = %s",
+        batch_id,
+    )
+    return str(job_status), int(done)
 
 
 def held_by(dsn: str, batch_id: str, owner: str) -> set[int]:
     """The lines ``owner`` has claimed that have no result."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT idx FROM lines WHERE batch_id = %s AND claimed_by = %s AND result IS NULL",
-            (batch_id, owner),
-        ).fetchall()
-    return {int(i) for (i,) in rows}
+    sql = "SELECT idx FROM lines WHERE batch_id = %s AND claimed_by = %s AND result IS NULL"
+    return {int(i) for (i,) in query(dsn, sql, batch_id, owner)}
 
 
 def owners(dsn: str, batch_id: str) -> dict[str, int]:
     """Lines claimed and still without a result, by owner."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT claimed_by, count(*) FROM lines WHERE batch_id = %s "
-            "AND claimed_by IS NOT NULL AND result IS NULL GROUP BY claimed_by",
-            (batch_id,),
-        ).fetchall()
+    rows = query(
+        dsn,
+        "SELECT claimed_by, count(*) FROM lines WHERE batch_id = %s "
+        "AND claimed_by IS NOT NULL AND result IS NULL GROUP BY claimed_by",
+        batch_id,
+    )
     return {str(o): int(n) for o, n in rows}
 
 

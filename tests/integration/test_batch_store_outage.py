@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import DEVNULL
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -30,7 +32,7 @@ from loadtests.sim.server.requestlog import RequestLogReader
 from tests.support.postgres import Cluster, fresh_database, paused, postgres_cluster, start, stop
 from tests.support.processes import free_port, loopback_url, running, serve_command, wait_until_ok
 
-from .proxyserver import engine, spawn_sim
+from .proxyserver import Process, engine, spawn_sim
 from .simserver import MODEL
 from .test_batch_crash import job_lines as crash_job_lines
 from .test_batch_postgres import status
@@ -110,6 +112,28 @@ def pause(cluster: Cluster) -> None:
         time.sleep(OUTAGE_S)
 
 
+@contextmanager
+def proxy_on_postgres(
+    tmp_path: Path, sim: Process, dsn: str, *, output: IO[bytes] | int = DEVNULL, **settings: Any
+) -> Iterator[str]:
+    """``whoseturn serve`` (a child, its output to ``output``) in front of ``sim``, its
+    batch store the PostgreSQL database ``dsn``, with ``settings``; yields its URL once
+    ``/healthz`` answers, and stops it with ``SIGTERM`` (20 s to drain) after."""
+    port = free_port()
+    command = serve_command(
+        tmp_path / "proxy.yaml",
+        port=port,
+        engines=[engine(sim.base_url, "sim-0")],
+        batch_store="postgres",
+        batch_dsn=dsn,
+        **settings,
+    )
+    with running(command, output=output, stop_signal=signal.SIGTERM, grace_s=20) as process:
+        base = loopback_url(port)
+        wait_until_ok(base + "/healthz", process=process, what="proxy", timeout_s=30)
+        yield base
+
+
 @pytest.mark.timeout(240)
 def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) -> None:
     engine_log = tmp_path / "engine.jsonl"
@@ -118,77 +142,66 @@ def test_the_job_outlives_restarts_and_pauses_of_the_database(tmp_path: Path) ->
         spawn_sim("--request-log", str(engine_log), time_scale=4.0) as sim,
     ):
         dsn = fresh_database(cluster.dsn())
-        port = free_port()
-        command = serve_command(
-            tmp_path / "proxy.yaml",
-            port=port,
-            engines=[engine(sim.base_url, "sim-0")],
-            batch_store="postgres",
-            batch_dsn=dsn,
-            batch_window=16,
-        )
         log = tmp_path / "proxy.log"
         with (
             log.open("wb") as output,
-            running(command, output=output, stop_signal=signal.SIGTERM, grace_s=20) as process,
+            proxy_on_postgres(tmp_path, sim, dsn, output=output, batch_window=16) as base,
+            httpx.Client(base_url=base, timeout=10) as http,
         ):
-            base = loopback_url(port)
-            wait_until_ok(base + "/healthz", process=process, what="proxy", timeout_s=30)
-            with httpx.Client(base_url=base, timeout=10) as http:
-                up = http.post(
-                    "/v1/files",
-                    files={"file": ("in.jsonl", job_lines())},
-                    data={"purpose": "batch"},
+            up = http.post(
+                "/v1/files",
+                files={"file": ("in.jsonl", job_lines())},
+                data={"purpose": "batch"},
+            )
+            assert up.status_code == 200, up.text
+            file_id = up.json()["id"]
+            ask = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+            made = http.post("/v1/batches", json={"input_file_id": file_id, **ask})
+            assert made.status_code == 200, made.text
+            batch_id = made.json()["id"]
+
+            outages = [restart, pause, restart, pause]
+            progress: list[int] = []
+            for number, outage in enumerate(outages):
+                # the job in flight: some lines recorded since the last outage
+                mark = status(dsn, batch_id)[1] if progress else 0
+                wait(
+                    lambda m=mark: status(dsn, batch_id)[1] >= m + 10,
+                    60,
+                    f"progress (the proxy's log: {log})",
                 )
-                assert up.status_code == 200, up.text
-                file_id = up.json()["id"]
-                ask = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
-                made = http.post("/v1/batches", json={"input_file_id": file_id, **ask})
-                assert made.status_code == 200, made.text
-                batch_id = made.json()["id"]
+                state, done = status(dsn, batch_id)
+                assert state == "in_progress" and done < LINES, (
+                    f"the job was not in flight before outage {number + 1}: {state}, "
+                    f"{done}/{LINES} (the engine is too fast for this test)"
+                )
+                progress.append(done)
+                with calling(base, batch_id, file_id) as calls:
+                    outage(cluster)
+                slowest = max(s for _, _, s in calls.seen)
+                statuses = {code for _, code, _ in calls.seen}
+                print(
+                    f"outage {number + 1} ({outage.__name__}) at {done}/{LINES}: "
+                    f"{len(calls.seen)} calls, slowest {slowest:.3f} s, statuses "
+                    f"{sorted(statuses)}, Retry-After {sorted(calls.retry_after)}"
+                )
+                assert slowest < FAST_S, calls.seen
+                assert 503 in statuses and statuses <= {200, 503}, statuses
+                assert calls.retry_after and "" not in calls.retry_after
+                assert calls.store_down_on_readyz > 0
 
-                outages = [restart, pause, restart, pause]
-                progress: list[int] = []
-                for number, outage in enumerate(outages):
-                    # the job in flight: some lines recorded since the last outage
-                    mark = status(dsn, batch_id)[1] if progress else 0
-                    wait(
-                        lambda m=mark: status(dsn, batch_id)[1] >= m + 10,
-                        60,
-                        f"progress (the proxy's log: {log})",
-                    )
-                    state, done = status(dsn, batch_id)
-                    assert state == "in_progress" and done < LINES, (
-                        f"the job was not in flight before outage {number + 1}: {state}, "
-                        f"{done}/{LINES} (the engine is too fast for this test)"
-                    )
-                    progress.append(done)
-                    with calling(base, batch_id, file_id) as calls:
-                        outage(cluster)
-                    slowest = max(s for _, _, s in calls.seen)
-                    statuses = {code for _, code, _ in calls.seen}
-                    print(
-                        f"outage {number + 1} ({outage.__name__}) at {done}/{LINES}: "
-                        f"{len(calls.seen)} calls, slowest {slowest:.3f} s, statuses "
-                        f"{sorted(statuses)}, Retry-After {sorted(calls.retry_after)}"
-                    )
-                    assert slowest < FAST_S, calls.seen
-                    assert 503 in statuses and statuses <= {200, 503}, statuses
-                    assert calls.retry_after and "" not in calls.retry_after
-                    assert calls.store_down_on_readyz > 0
-
-                wait(lambda: status(dsn, batch_id)[0] == "completed", 120, "completion")
-                done = http.get(f"/v1/batches/{batch_id}").json()
-                output = http.get(f"/v1/files/{done['output_file_id']}/content").text
-                ids = [json.loads(x)["custom_id"] for x in output.splitlines()]
-                assert sorted(ids) == sorted(f"line-{i}" for i in range(LINES))  # once each
-                counts = done["request_counts"]
-                assert (counts["total"], counts["completed"], counts["failed"]) == (LINES, LINES, 0)
-                ready = http.get("/readyz").json()
-                assert ready["batch_store"]["up"] is True
-                assert ready["batch_store"]["outages"] >= len(outages)
-                metrics = http.get("/metrics").text
-                assert "whoseturn_batch_store_up 1.0" in metrics
+            wait(lambda: status(dsn, batch_id)[0] == "completed", 120, "completion")
+            done = http.get(f"/v1/batches/{batch_id}").json()
+            output = http.get(f"/v1/files/{done['output_file_id']}/content").text
+            ids = [json.loads(x)["custom_id"] for x in output.splitlines()]
+            assert sorted(ids) == sorted(f"line-{i}" for i in range(LINES))  # once each
+            counts = done["request_counts"]
+            assert (counts["total"], counts["completed"], counts["failed"]) == (LINES, LINES, 0)
+            ready = http.get("/readyz").json()
+            assert ready["batch_store"]["up"] is True
+            assert ready["batch_store"]["outages"] >= len(outages)
+            metrics = http.get("/metrics").text
+            assert "whoseturn_batch_store_up 1.0" in metrics
         print(f"lines recorded before each outage: {progress}")
     # No line was run twice: an answer whose record failed in an outage was kept
     # and recorded after it, not asked again.
@@ -206,18 +219,8 @@ def test_the_proxy_starts_while_the_database_is_down_and_finds_it_later(
     with postgres_cluster() as cluster, spawn_sim(time_scale=20.0) as sim:
         dsn = fresh_database(cluster.dsn())
         stop(cluster)
-        port = free_port()
-        command = serve_command(
-            tmp_path / "proxy.yaml",
-            port=port,
-            engines=[engine(sim.base_url, "sim-0")],
-            batch_store="postgres",
-            batch_dsn=dsn,
-        )
-        with running(command, stop_signal=signal.SIGTERM, grace_s=20) as process:
-            base = loopback_url(port)
-            began = time.monotonic()
-            wait_until_ok(base + "/healthz", process=process, what="proxy", timeout_s=30)
+        began = time.monotonic()
+        with proxy_on_postgres(tmp_path, sim, dsn) as base:
             print(f"started in {time.monotonic() - began:.1f} s with the database down")
             with httpx.Client(base_url=base, timeout=10) as http:
                 chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

@@ -12,6 +12,7 @@ import yaml
 from loadtests import cli
 from tests.integration.proxyserver import engine, run_proxy
 from tests.integration.simserver import SimServer
+from tests.support.workloads import batch_class, chat_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -19,20 +20,10 @@ WORKLOAD = {
     "name": "tiny-mix",
     "plan": {"duration_s": 2, "warmup_s": 0.5},
     "classes": {
-        "chat": {
-            "route": "chat",
-            "api": "chat",
-            "arrival": {"process": "gamma", "rate": 5, "burstiness": 2},
-            "prompt": {"chars": 200},
-            "max_tokens": 4,
-        },
-        "batch": {
-            "route": "batch",
-            "api": "completions",
-            "arrival": {"process": "closed", "concurrency": 2},
-            "prompt": {"chars": 2000},
-            "max_tokens": 4,
-        },
+        "chat": chat_class(
+            {"process": "gamma", "rate": 5, "burstiness": 2}, chars=200, max_tokens=4
+        ),
+        "batch": batch_class(concurrency=2, chars=2000, max_tokens=4),
     },
 }
 

@@ -33,8 +33,9 @@ import pytest
 
 from proxy.config import EdgeSettings
 from tests.support import MODEL
+from tests.support.children import logged_proxy
 
-from .proxyserver import engine, logged_proxy, spawn_sim
+from .proxyserver import engine, spawn_sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -11,13 +11,13 @@ to see the numbers.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
+from .beside_batch import ArmTimes, start_chats, unique_prompt
 from .proxyserver import spawn_proxy, spawn_sim
 from .simserver import MODEL
 
@@ -32,51 +32,20 @@ CHAT_MAX_TOKENS = 8
 
 
 @dataclass
-class Arm:
-    chat_ttft_s: list[float] = field(default_factory=list)
-    batch_done_s: list[float] = field(default_factory=list)
+class Arm(ArmTimes):
+    """The arm's times, and the classes the proxy gave its batch prompts."""
+
     classes: set[str] = field(default_factory=set)
-
-    @property
-    def ttft_p50(self) -> float:
-        return statistics.median(self.chat_ttft_s)
-
-    @property
-    def batch_makespan(self) -> float:
-        return max(self.batch_done_s)
-
-
-def batch_prompt(n: int) -> str:
-    """Words of their own per prompt (one token each), so no prefix is shared."""
-    return " ".join(f"r{n}w{i}" for i in range(BATCH_PROMPT_TOKENS))
 
 
 async def one_batch(client: httpx.AsyncClient, path: str, n: int, start: float, arm: Arm) -> None:
-    body = {"model": MODEL, "prompt": batch_prompt(n), "max_tokens": BATCH_MAX_TOKENS}
+    prompt = unique_prompt(f"r{n}", BATCH_PROMPT_TOKENS)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": BATCH_MAX_TOKENS}
     response = await client.post(path, json=body)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == BATCH_MAX_TOKENS
     arm.batch_done_s.append(time.monotonic() - start)
     arm.classes.add(response.headers.get("x-whoseturn-class", "direct"))
-
-
-async def one_chat(client: httpx.AsyncClient, n: int, start: float, arm: Arm) -> None:
-    await asyncio.sleep(start + CHAT_AT_S[n] - time.monotonic())
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": f"Quick question number {n}?"}],
-        "max_tokens": CHAT_MAX_TOKENS,
-        "stream": True,
-    }
-    sent = time.monotonic()
-    first: float | None = None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if first is None and '"content":"' in line and '"content":""' not in line:
-                first = time.monotonic()
-    assert first is not None, "no content arrived"
-    arm.chat_ttft_s.append(first - sent)
 
 
 async def run_arm(base_url: str, batch_path: str) -> Arm:
@@ -87,17 +56,13 @@ async def run_arm(base_url: str, batch_path: str) -> Arm:
         async with asyncio.TaskGroup() as group:
             for n in range(BATCH_PROMPTS):
                 group.create_task(one_batch(client, batch_path, n, start, arm))
-            for n in range(len(CHAT_AT_S)):
-                group.create_task(one_chat(client, n, start, arm))
+            at_s = [start + at for at in CHAT_AT_S]
+            start_chats(group, client, at_s, CHAT_MAX_TOKENS, arm)
     return arm
 
 
 def report(name: str, arm: Arm) -> None:
-    ttfts = ", ".join(f"{t * 1000:.0f}" for t in sorted(arm.chat_ttft_s))
-    print(
-        f"{name}: chat TTFT p50 {arm.ttft_p50 * 1000:.0f} ms (all: {ttfts} ms); "
-        f"batch makespan {arm.batch_makespan * 1000:.0f} ms"
-    )
+    print(f"{name}: {arm.chat_report()}; batch makespan {arm.makespan * 1000:.0f} ms")
 
 
 def compare_once() -> tuple[Arm, Arm, float]:
@@ -120,7 +85,7 @@ def test_chat_ttft_behind_a_batch_burst_direct_vs_proxied() -> None:
         report("direct ", direct)
         report("proxied", proxied)
         speedup = direct.ttft_p50 / proxied.ttft_p50
-        slowdown = proxied.batch_makespan / direct.batch_makespan
+        slowdown = proxied.makespan / direct.makespan
         print(
             f"run {attempt}: chat TTFT p50 {speedup:.1f}x lower through the proxy; batch "
             f"makespan x{slowdown:.2f}; batch held {held:.2f} s in all"

@@ -36,7 +36,14 @@ from tests.support.http import data_lines, post_raw
 from tests.support.processes import LOOPBACK
 
 from .proxyserver import ProxyServer, engine, run_proxy
-from .simserver import MODEL, SimServer, abort_latencies, run_server, sim_settings
+from .simserver import (
+    MODEL,
+    SimServer,
+    abort_latencies,
+    hang_up_while_running,
+    run_server,
+    sim_settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -88,56 +95,60 @@ def assert_aborts_quickly(sim: SimServer, proxy: ProxyServer, leave: Callable[[]
     assert_scheduler_free(proxy)
 
 
+@pytest.fixture
+def proxy(slow_sim: SimServer) -> Iterator[ProxyServer]:
+    """The proxy in front of the real-time engine, its only one."""
+    with run_proxy([engine(slow_sim.base_url, "sim")]) as server:
+        yield server
+
+
 @pytest.mark.parametrize(
     ("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", TEXT)]
 )
 def test_closing_a_stream_aborts_the_engines_request(
-    slow_sim: SimServer, path: str, body: dict[str, Any]
+    slow_sim: SimServer, proxy: ProxyServer, path: str, body: dict[str, Any]
 ) -> None:
-    with run_proxy([engine(slow_sim.base_url, "sim")]) as proxy:
+    def leave() -> float:
+        request = {**body, **LONG, "stream": True}
+        with proxy.http.stream("POST", path, json=request) as response:
+            assert response.status_code == 200
+            events = data_lines(response)
+            next(events), next(events)
+            assert slow_sim.requests_running() == 1
+        return time.monotonic()
 
-        def leave() -> float:
-            request = {**body, **LONG, "stream": True}
-            with proxy.http.stream("POST", path, json=request) as response:
-                assert response.status_code == 200
-                events = data_lines(response)
-                next(events), next(events)
-                assert slow_sim.requests_running() == 1
-            return time.monotonic()
-
-        assert_aborts_quickly(slow_sim, proxy, leave)
+    assert_aborts_quickly(slow_sim, proxy, leave)
 
 
-def test_a_whole_answer_client_that_times_out_aborts_the_engines_request(
-    slow_sim: SimServer,
+def time_out_on_a_whole_answer(sim: SimServer, proxy: ProxyServer) -> float:
+    """A non-streaming chat from a client that gives up after 0.3 s."""
+    with proxy.openai(timeout=0.3) as client, pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=LONG["max_tokens"]
+        )
+    return time.monotonic()
+
+
+def hang_up_on_a_whole_answer(sim: SimServer, proxy: ProxyServer) -> float:
+    """A non-streaming completion whose client closes its socket once the engine runs it."""
+    sock = post_raw(proxy.port, "/v1/completions", {**TEXT, **LONG})
+    try:
+        sim.wait_for(lambda: sim.requests_running() == 1, timeout=2)
+        time.sleep(0.05)
+    finally:
+        sock.close()
+    return time.monotonic()
+
+
+@pytest.mark.parametrize(
+    "leave",
+    [time_out_on_a_whole_answer, hang_up_on_a_whole_answer],
+    ids=["times_out", "hangs_up"],
+)
+def test_a_whole_answer_client_that_leaves_aborts_the_engines_request(
+    slow_sim: SimServer, proxy: ProxyServer, leave: Callable[[SimServer, ProxyServer], float]
 ) -> None:
-    with run_proxy([engine(slow_sim.base_url, "sim")]) as proxy:
-
-        def leave() -> float:
-            with proxy.openai(timeout=0.3) as client, pytest.raises(openai.APITimeoutError):
-                client.chat.completions.create(
-                    model=MODEL, messages=MESSAGES, max_tokens=LONG["max_tokens"]
-                )
-            return time.monotonic()
-
-        assert_aborts_quickly(slow_sim, proxy, leave)
-
-
-def test_a_whole_answer_client_that_hangs_up_aborts_the_engines_request(
-    slow_sim: SimServer,
-) -> None:
-    with run_proxy([engine(slow_sim.base_url, "sim")]) as proxy:
-
-        def leave() -> float:
-            sock = post_raw(proxy.port, "/v1/completions", {**TEXT, **LONG})
-            try:
-                slow_sim.wait_for(lambda: slow_sim.requests_running() == 1, timeout=2)
-                time.sleep(0.05)
-            finally:
-                sock.close()
-            return time.monotonic()
-
-        assert_aborts_quickly(slow_sim, proxy, leave)
+    assert_aborts_quickly(slow_sim, proxy, lambda: leave(slow_sim, proxy))
 
 
 @pytest.mark.parametrize(
@@ -255,13 +266,7 @@ def test_a_client_that_stopped_reading_and_leaves_aborts_the_engines_request(
 
         def leave() -> float:
             sock = unread_stream(proxy.port, body)
-            try:
-                fast_sim.wait_for(lambda: fast_sim.requests_running() == 1, timeout=2)
-                # the answer's bytes outgrow the client's buffers well before its end
-                time.sleep(0.6)
-                assert fast_sim.requests_running() == 1
-            finally:
-                sock.close()
-            return time.monotonic()
+            # the answer's bytes outgrow the client's buffers well before its end
+            return hang_up_while_running(fast_sim, sock, after_s=0.6)
 
         assert_aborts_quickly(fast_sim, proxy, leave)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from .beside_batch import ArmTimes, chat, start_chats, stream_tokens, unique_prompt
 from .proxyserver import Process, spawn_proxy_config, spawn_sim
 from .simserver import MODEL
 
@@ -43,19 +43,11 @@ STALL_S = 0.2  # a gap this long is a whole-prompt prefill step (2,048 tokens ta
 
 
 @dataclass
-class Arm:
-    chat_ttft_s: list[float] = field(default_factory=list)
-    batch_done_s: list[float] = field(default_factory=list)
+class Arm(ArmTimes):
+    """The arm's times, its batch answers, and when the running stream's tokens came."""
+
     answers: dict[int, str] = field(default_factory=dict)
     stream_tokens_at: list[float] = field(default_factory=list)
-
-    @property
-    def ttft_p50(self) -> float:
-        return statistics.median(self.chat_ttft_s)
-
-    @property
-    def makespan(self) -> float:
-        return max(self.batch_done_s)
 
     def gaps(self) -> list[float]:
         """The running stream's gaps while batch work ran (from 0 s)."""
@@ -70,45 +62,13 @@ class Arm:
         return sum(g for g in self.gaps() if g > longer_than_s)
 
 
-def batch_prompt(n: int) -> str:
-    """Words of their own per prompt (one token each), so no prefix is shared."""
-    return " ".join(f"p{n}w{i}" for i in range(BATCH_PROMPT_TOKENS))
-
-
 async def one_batch(client: httpx.AsyncClient, path: str, n: int, start: float, arm: Arm) -> None:
-    body = {"model": MODEL, "prompt": batch_prompt(n), "max_tokens": BATCH_MAX_TOKENS}
+    prompt = unique_prompt(f"p{n}", BATCH_PROMPT_TOKENS)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": BATCH_MAX_TOKENS}
     response = await client.post(path, json=body, timeout=120)
     assert response.status_code == 200, response.text
     arm.answers[n] = response.json()["choices"][0]["text"]
     arm.batch_done_s.append(time.monotonic() - start)
-
-
-async def stream_tokens(client: httpx.AsyncClient, body: dict[str, object]) -> list[float]:
-    """The arrival times (monotonic) of the content chunks of one streamed chat."""
-    times: list[float] = []
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if '"content":"' in line and '"content":""' not in line:
-                times.append(time.monotonic())
-    assert times, "no content arrived"
-    return times
-
-
-def chat(content: str, max_tokens: int) -> dict[str, object]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-
-
-async def one_chat(client: httpx.AsyncClient, n: int, start: float, arm: Arm) -> None:
-    await asyncio.sleep(start + CHAT_AT_S[n] - time.monotonic())
-    sent = time.monotonic()
-    times = await stream_tokens(client, chat(f"Quick question number {n}?", CHAT_MAX_TOKENS))
-    arm.chat_ttft_s.append(times[0] - sent)
 
 
 async def running_stream(client: httpx.AsyncClient, start: float, arm: Arm) -> None:
@@ -129,8 +89,8 @@ async def run_arm(chat_url: str, batch_url: str, batch_path: str) -> Arm:
             await asyncio.sleep(start - time.monotonic())
             for n in range(BATCH_PROMPTS):
                 group.create_task(one_batch(batch, batch_path, n, start, arm))
-            for n in range(len(CHAT_AT_S)):
-                group.create_task(one_chat(chats, n, start, arm))
+            at_s = [start + at for at in CHAT_AT_S]
+            start_chats(group, chats, at_s, CHAT_MAX_TOKENS, arm)
     return arm
 
 
@@ -144,11 +104,10 @@ def proxy(tmp: Path, engine_url: str, piecing: str, **settings: Any) -> Iterator
 
 
 def report(name: str, arm: Arm) -> None:
-    ttfts = ", ".join(f"{t * 1000:.0f}" for t in sorted(arm.chat_ttft_s))
     print(
-        f"{name}: chat TTFT p50 {arm.ttft_p50 * 1000:.0f} ms (all: {ttfts} ms); stream worst "
-        f"gap {arm.worst_gap() * 1000:.0f} ms, {arm.stalled_s() * 1000:.0f} ms in gaps over "
-        f"{STALL_S * 1000:.0f} ms; batch makespan {arm.makespan * 1000:.0f} ms"
+        f"{name}: {arm.chat_report()}; stream worst gap {arm.worst_gap() * 1000:.0f} ms, "
+        f"{arm.stalled_s() * 1000:.0f} ms in gaps over {STALL_S * 1000:.0f} ms; batch "
+        f"makespan {arm.makespan * 1000:.0f} ms"
     )
 
 

@@ -27,23 +27,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
 from tests.support import MODEL
-from tests.support.processes import (
-    LOOPBACK,
-    Child,
-    free_port,
-    logged_child,
-    loopback_url,
-    serve_command,
-    wait_until_ok,
-)
+from tests.support.children import logged_proxy
+from tests.support.processes import LOOPBACK, Child
 
-from .proxyserver import spawn_sim
+from .proxyserver import engine, spawn_sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -156,13 +150,11 @@ def p95(samples: list[float]) -> float:
 
 @contextmanager
 def serve(tmp_path: Path, engine_url: str) -> Iterator[tuple[Child, str]]:
-    port = free_port()
-    engine = {"url": engine_url, "name": "a", "models": [MODEL]}
-    settings = {"header_timeout_s": READ_TIMEOUT_S, "body_timeout_s": READ_TIMEOUT_S}
-    command = serve_command(tmp_path / "whoseturn.yaml", port=port, engines=[engine], **settings)
-    with logged_child("proxy", command, tmp_path / "logs") as child:
-        url = loopback_url(port)
-        wait_until_ok(f"{url}/readyz", process=child.process, what="the proxy", timeout_s=20)
+    settings: dict[str, Any] = {
+        "header_timeout_s": READ_TIMEOUT_S,
+        "body_timeout_s": READ_TIMEOUT_S,
+    }
+    with logged_proxy(tmp_path, [engine(engine_url, "a")], **settings) as (child, url):
         yield child, url
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from tests.support.polling import wait_for
 from tests.support.postgres import Cluster, fresh_database, paused, postgres_cluster, start, stop
 
 from .proxyserver import ProxyServer, engine, run_proxy
@@ -105,12 +106,7 @@ def running_load(replicas: list[ProxyServer]) -> Iterator[Load]:
 
 def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
     """Poll ``predicate`` every 20 ms; the seconds it took. Fails after ``timeout_s``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.02)
-    return time.monotonic() - start
+    return wait_for(predicate, timeout_s, what=what, interval_s=0.02)
 
 
 class Probe:

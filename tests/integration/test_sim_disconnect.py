@@ -15,7 +15,7 @@ from starlette.types import Message
 from loadtests.sim.server import SimState, create_sim_app
 from tests.support.http import post_raw
 
-from .simserver import SimServer, abort_latencies, sim_settings
+from .simserver import SimServer, abort_latencies, hang_up_while_running, sim_settings
 
 pytestmark = pytest.mark.integration
 
@@ -62,13 +62,7 @@ def test_closing_a_stream_aborts_the_request(
 def test_hanging_up_on_a_whole_answer_aborts_the_request(slow_sim: SimServer) -> None:
     def leave() -> float:
         sock = post_raw(slow_sim.port, "/v1/chat/completions", {**CHAT, **LONG})
-        try:
-            slow_sim.wait_for(lambda: slow_sim.requests_running() == 1, timeout=2)
-            time.sleep(0.05)
-            assert slow_sim.requests_running() == 1
-        finally:
-            sock.close()
-        return time.monotonic()
+        return hang_up_while_running(slow_sim, sock, after_s=0.05)
 
     assert_aborts_quickly(slow_sim, leave)
 

@@ -22,15 +22,9 @@ from loadtests.bench.overhead import children
 from tests.integration.proxyserver import PROXY_DEFAULTS, engine
 from tests.integration.simserver import SimServer
 from tests.support import MODEL
+from tests.support.children import logged_proxy
 from tests.support.polling import wait_for
-from tests.support.processes import (
-    Child,
-    free_port,
-    logged_child,
-    loopback_url,
-    serve_command,
-    wait_until_ok,
-)
+from tests.support.processes import Child
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -56,13 +50,12 @@ def ledger_replicas(dsn: str) -> set[str]:
 
 @contextmanager
 def two_workers(sim: SimServer, dsn: str, tmp_path: Path) -> Iterator[tuple[Child, str]]:
-    port = free_port()
     settings = {**PROXY_DEFAULTS, "ledger_dsn": dsn, "replica_id": "t", "drain_timeout_s": 2}
-    config = tmp_path / "whoseturn.yaml"
-    command = serve_command(config, port=port, engines=[engine(sim.base_url, "e0")], **settings)
-    with logged_child("whoseturn", [*command, "--workers", "2"], tmp_path / "logs") as child:
-        url = loopback_url(port)
-        wait_until_ok(url + "/readyz", process=child.process, what="whoseturn", timeout_s=90)
+    engines = [engine(sim.base_url, "e0")]
+    flags = ["--workers", "2"]
+    with logged_proxy(
+        tmp_path, engines, name="whoseturn", flags=flags, timeout_s=90, **settings
+    ) as (child, url):
         yield child, url
 
 

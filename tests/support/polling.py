@@ -8,14 +8,20 @@ from collections.abc import Callable
 import anyio
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> float:
-    """Poll until ``predicate()`` holds; returns the seconds it took. Fails the test
-    (:class:`AssertionError`) after ``timeout``."""
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float = 5.0,
+    *,
+    what: str = "condition",
+    interval_s: float = 0.002,
+) -> float:
+    """Poll ``predicate()`` every ``interval_s`` until it holds; returns the seconds it
+    took. Fails the test (:class:`AssertionError` naming ``what``) after ``timeout``."""
     start = time.monotonic()
     while not predicate():
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.002)
+            raise AssertionError(f"{what} not met within {timeout} s")
+        time.sleep(interval_s)
     return time.monotonic() - start
 
 

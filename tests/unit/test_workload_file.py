@@ -10,6 +10,7 @@ import yaml
 
 from loadtests.harness.traffic import body, direct_route, proxy_route, send_times
 from loadtests.harness.workload_file import WorkloadError, load_workload, narrowed, parse_workload
+from tests.support.workloads import batch_class, chat_class
 
 WORKLOADS = Path(__file__).parents[2] / "loadtests" / "workloads"
 
@@ -18,20 +19,8 @@ def _good() -> dict[str, Any]:
     return {
         "name": "w",
         "classes": {
-            "chat": {
-                "route": "chat",
-                "api": "chat",
-                "arrival": {"process": "poisson", "rate": 2},
-                "prompt": {"chars": 100},
-                "max_tokens": 8,
-            },
-            "batch": {
-                "route": "batch",
-                "api": "completions",
-                "arrival": {"process": "closed", "concurrency": 4},
-                "prompt": {"chars": 1000},
-                "max_tokens": 4,
-            },
+            "chat": chat_class({"process": "poisson", "rate": 2}, chars=100, max_tokens=8),
+            "batch": batch_class(concurrency=4, chars=1000, max_tokens=4),
         },
     }
 

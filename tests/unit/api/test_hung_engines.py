@@ -8,7 +8,7 @@ once: sent to another engine, or failed when none is left, not left to its
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -74,6 +74,17 @@ class Silent:
         )
 
 
+def hangs_first(engines: FakeEngines, hung: Callable[[], Any]) -> None:
+    """``engines`` answer their first chat request with ``hung()`` (a response, or an
+    awaitable of one, that stalls) and every later one with a whole stream."""
+
+    def generate(call: Call) -> Any:
+        first = len(engines.seen(CHAT)) == 1
+        return hung() if first else stream_response(chat_events())
+
+    engines.generate = generate
+
+
 async def test_a_stream_silent_past_the_idle_timeout_ends_with_an_error_and_done() -> None:
     engines = FakeEngines()
     silent = Silent(chat_events()[:3])
@@ -96,12 +107,7 @@ async def test_a_stream_silent_past_the_idle_timeout_ends_with_an_error_and_done
 async def test_no_first_chunk_in_time_is_retried_on_another_engine() -> None:
     engines = FakeEngines(a=["m"], b=["m"])
     silent = Silent([])
-
-    def generate(call: Call) -> httpx.Response:
-        first = len(engines.seen(CHAT)) == 1
-        return silent.response() if first else stream_response(chat_events())
-
-    engines.generate = generate
+    hangs_first(engines, silent.response)
     async with running(timeouts(engines), engines) as (client, state):
         response = await client.post(CHAT, json={"model": "m", "messages": MESSAGES})
         hung = engines.seen(CHAT)[0].engine
@@ -114,13 +120,7 @@ async def test_no_first_chunk_in_time_is_retried_on_another_engine() -> None:
 
 async def test_no_response_headers_in_time_is_retried_on_another_engine() -> None:
     engines = FakeEngines(a=["m"], b=["m"])
-
-    async def generate(call: Call) -> httpx.Response:
-        if len(engines.seen(CHAT)) == 1:
-            await anyio.sleep_forever()
-        return stream_response(chat_events())
-
-    engines.generate = generate
+    hangs_first(engines, anyio.sleep_forever)
     async with running(timeouts(engines), engines) as (client, state):
         with anyio.fail_after(FIRST_BYTE_S + 2):
             response = await client.post(CHAT, json={"model": "m", "messages": MESSAGES})
@@ -236,12 +236,7 @@ async def test_a_request_without_response_head_goes_to_another_engine_on_ejectio
 ) -> None:
     engines = Ailing(a=["m"], b=["m"])
     unanswered = Unanswered()
-
-    def generate(call: Call) -> httpx.Response | Any:
-        first = len(engines.seen(CHAT)) == 1
-        return unanswered.respond() if first else stream_response(chat_events())
-
-    engines.generate = generate
+    hangs_first(engines, unanswered.respond)
     body = {"model": "m", "messages": MESSAGES, "stream": stream}
     async with running(ejecting(engines), engines) as (client, state):
         response, hung, waited_s = await eject_meanwhile(client, state, engines, body)
@@ -277,12 +272,7 @@ async def test_no_engine_left_fails_the_waiting_request_at_once() -> None:
 async def test_no_first_chunk_yet_a_whole_answer_goes_to_another_engine_on_ejection() -> None:
     engines = Ailing(a=["m"], b=["m"])
     silent = Silent([])
-
-    def generate(call: Call) -> httpx.Response:
-        first = len(engines.seen(CHAT)) == 1
-        return silent.response() if first else stream_response(chat_events())
-
-    engines.generate = generate
+    hangs_first(engines, silent.response)
     body = {"model": "m", "messages": MESSAGES}
     async with running(ejecting(engines), engines) as (client, state):
         response, hung, waited_s = await eject_meanwhile(
@@ -320,12 +310,7 @@ async def test_an_abortable_batch_request_without_first_chunk_goes_to_another_en
     before its client's response starts: even a streaming one is sent elsewhere."""
     engines = Ailing(a=["m"], b=["m"])
     silent = Silent([])
-
-    def generate(call: Call) -> httpx.Response:
-        first = len(engines.seen(CHAT)) == 1
-        return silent.response() if first else stream_response(chat_events())
-
-    engines.generate = generate
+    hangs_first(engines, silent.response)
     body = {"model": "m", "messages": MESSAGES, "stream": True}
     batch = {"X-Whoseturn-Class": "batch"}
     async with running(ejecting(engines, batch_abort="on"), engines) as (client, state):

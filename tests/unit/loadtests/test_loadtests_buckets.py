@@ -12,6 +12,8 @@ from loadtests.harness.client import Record
 from loadtests.harness.measures import Window
 from loadtests.harness.report_sections import length_lines
 
+from .records import record
+
 
 @pytest.mark.parametrize(
     ("tokens", "name"),
@@ -32,16 +34,8 @@ def test_bucket_edges(tokens: int | None, name: str) -> None:
 
 
 def _record(i: int, sent: float, ttft: float | None, tokens: int | None) -> Record:
-    return Record(
-        id=f"c-{i}",
-        kind="c",
-        url="u",
-        prompt_tokens_sent=0,
-        max_tokens=4,
-        sent_at=sent,
-        token_times=[] if ttft is None else [sent + ttft],
-        prompt_tokens=tokens,
-    )
+    times = [] if ttft is None else [sent + ttft]
+    return record(i, kind="c", sent_at=sent, token_times=times, prompt_tokens=tokens)
 
 
 def test_figures_per_bucket_over_the_measured_window() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def rep(
     running_gap: float,
     batch_ttft: float,
     set_aside: bool = False,
-    stall_spans: tuple[tuple[float, float], ...] = (),
+    stops: Sequence[tuple[float, float]] = (),
     engine_queue_s: float | None = 0.05,
     queue_ms: float | None = None,
     invalid: int = 0,
@@ -109,7 +110,7 @@ def rep(
 ) -> Repetition:
     """A repetition: a running chat with one long gap, two batch requests at ``batch_at``
     (100 s per repetition), two new chats; the first ``invalid`` new chats stop early;
-    the machine stopped for ``stall_spans`` (see ``in_gap`` and ``away``). If
+    the machine stopped for ``stops`` (see ``in_gap`` and ``away``). If
     ``overlap``, the running stream goes on (0.01 s a token after its gap) until just
     past the last first batch token, so that it ``overlapped`` the batch; else it has
     its 20 tokens only, and ends before ``batch_at``."""
@@ -136,7 +137,7 @@ def rep(
         index=index,
         batch_at=batch_at,
         records=records,
-        stall_spans=list(stall_spans),
+        stall_spans=list(stops),
         engine_queue_s=engine_queue_s,
         engine_prefill_s=0.5,
         set_aside=set_aside,
@@ -161,42 +162,30 @@ def away(index: int, seconds: float) -> tuple[float, float]:
 def fcfs_result() -> ArmResult:
     """A cold repetition, two kept warm ones and one set aside; the cold and the
     set-aside ones are far off every warm value, so any leak shows."""
+    repetitions = [
+        rep("fcfs", 0, new_ttft=50.0, running_gap=90.0, batch_ttft=70.0, stops=[in_gap(0, 9.0)]),
+        rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, stops=[away(1, 0.2)]),
+        rep(
+            "fcfs",
+            2,
+            new_ttft=40.0,
+            running_gap=80.0,
+            batch_ttft=60.0,
+            set_aside=True,
+            stops=[in_gap(2, 3.0)],
+            engine_queue_s=99.0,
+            invalid=2,
+        ),
+        rep("fcfs", 3, new_ttft=2.0, running_gap=0.8, batch_ttft=3.0, engine_queue_s=None),
+    ]
     return ArmResult(
-        ARM["fcfs"],
-        "vllm serve tiny",
-        12.5,
-        peak_rss_bytes=3 * 2**29,
-        repetitions=[
-            rep(
-                "fcfs",
-                0,
-                new_ttft=50.0,
-                running_gap=90.0,
-                batch_ttft=70.0,
-                stall_spans=(in_gap(0, 9.0),),
-            ),
-            rep(
-                "fcfs",
-                1,
-                new_ttft=1.0,
-                running_gap=0.4,
-                batch_ttft=2.0,
-                stall_spans=(away(1, 0.2),),
-            ),
-            rep(
-                "fcfs",
-                2,
-                new_ttft=40.0,
-                running_gap=80.0,
-                batch_ttft=60.0,
-                set_aside=True,
-                stall_spans=(in_gap(2, 3.0),),
-                engine_queue_s=99.0,
-                invalid=2,
-            ),
-            rep("fcfs", 3, new_ttft=2.0, running_gap=0.8, batch_ttft=3.0, engine_queue_s=None),
-        ],
+        ARM["fcfs"], "vllm serve tiny", 12.5, peak_rss_bytes=3 * 2**29, repetitions=repetitions
     )
+
+
+def fcfs_arm(repetitions: Iterable[Repetition] = ()) -> ArmResult:
+    """The FCFS arm's result of just ``repetitions``."""
+    return ArmResult(ARM["fcfs"], "c", 1.0, repetitions=list(repetitions))
 
 
 def with_long_gap(*stops: tuple[float, float]) -> tuple[ArmResult, dict[str, Any]]:
@@ -204,7 +193,7 @@ def with_long_gap(*stops: tuple[float, float]) -> tuple[ArmResult, dict[str, Any
     machine stopped for ``stops`` during it; the result and its summary."""
     result = fcfs_result()
     result.repetitions.append(
-        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stall_spans=stops)
+        rep("fcfs", 4, new_ttft=1.0, running_gap=5.0, batch_ttft=2.0, stops=stops)
     )
     return result, summarize(result)
 
@@ -365,11 +354,22 @@ def test_a_gap_over_a_stop_of_the_machine_counts_net_of_the_stop() -> None:
     assert s["worst_stall_s"] == pytest.approx(4.9)
 
 
-def test_a_short_stop_in_a_long_gap_takes_off_only_its_own_length() -> None:
-    # a 0.5 s stop inside the 5 s gap of repetition 4: 4.51 s of it is left
-    _, s = with_long_gap(in_gap(4, 0.5))
-    assert s["running_worst_gap_net"] == pytest.approx(4.51)
-    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
+@pytest.mark.parametrize(
+    ("stop", "net", "net_median"),
+    [
+        # a 0.5 s stop inside the 5 s gap of repetition 4: 4.51 s of it is left
+        pytest.param(in_gap(4, 0.5), 4.51, 0.81, id="a_short_stop_takes_off_its_own_length"),
+        # a stop at the time of repetition 1's gap, recorded against repetition 4
+        pytest.param(in_gap(1, 4.9), 5.01, 0.81, id="a_stop_counts_only_against_its_own_gaps"),
+        pytest.param(away(4, 4.9), 5.01, 0.81, id="a_stop_after_the_stream_ended_changes_nothing"),
+    ],
+)
+def test_a_stop_takes_off_only_what_it_covers_of_its_own_repetitions_gaps(
+    stop: tuple[float, float], net: float, net_median: float
+) -> None:
+    _, s = with_long_gap(stop)
+    assert s["running_worst_gap_net"] == pytest.approx(net)
+    assert s["running_worst_gap_net_median"] == pytest.approx(net_median)
 
 
 def test_a_stop_over_the_whole_gap_leaves_the_streams_even_gaps() -> None:
@@ -395,19 +395,6 @@ def test_overlapping_stops_in_one_gap_are_not_counted_twice() -> None:
     record = result.repetitions[-1].of("running")[0]
     assert record.worst_gap_net([first, second]) == pytest.approx(0.01)
     assert s["worst_stall_s"] == pytest.approx(3.0)
-
-
-def test_a_repetitions_stops_count_only_against_its_own_gaps() -> None:
-    # a stop at the time of repetition 1's gap, recorded against repetition 4
-    _, s = with_long_gap(in_gap(1, 4.9))
-    assert s["running_worst_gap_net"] == pytest.approx(5.01)
-    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
-
-
-def test_a_stop_after_the_stream_ended_changes_nothing() -> None:
-    _, s = with_long_gap(away(4, 4.9))
-    assert s["running_worst_gap_net"] == pytest.approx(5.01)
-    assert s["running_worst_gap_net_median"] == pytest.approx(0.81)
 
 
 def test_the_cold_and_set_aside_repetitions_stops_do_not_count() -> None:
@@ -442,14 +429,8 @@ def test_a_repetition_whose_stream_did_not_overlap_the_batch_has_no_net_gap() ->
 
 
 def test_with_no_repetition_overlapping_the_batch_the_net_gap_is_nan() -> None:
-    result = ArmResult(
-        ARM["fcfs"],
-        "c",
-        1.0,
-        repetitions=[
-            rep("fcfs", i, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False)
-            for i in (1, 2)
-        ],
+    result = fcfs_arm(
+        rep("fcfs", i, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, overlap=False) for i in (1, 2)
     )
     s = summarize(result)
     assert (s["warm_repetitions"], s["running_overlapped"]) == (2, 0)
@@ -462,21 +443,11 @@ def test_the_new_chats_and_the_batch_are_summarized_net_of_stops_too() -> None:
     # repetition 2: the machine stopped from 201 s to 202.5 s, over both new chats'
     # waits (sent at 200.5 and 201, first tokens at 201.5 and 203) and the batch's
     # (200 s to 202.531 s)
-    result = ArmResult(
-        ARM["fcfs"],
-        "c",
-        1.0,
-        repetitions=[
+    result = fcfs_arm(
+        [
             rep("fcfs", 1, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0),
-            rep(
-                "fcfs",
-                2,
-                new_ttft=1.0,
-                running_gap=0.4,
-                batch_ttft=2.0,
-                stall_spans=((201.0, 1.5),),
-            ),
-        ],
+            rep("fcfs", 2, new_ttft=1.0, running_gap=0.4, batch_ttft=2.0, stops=[(201.0, 1.5)]),
+        ]
     )
     assert sorted(result.net("new", "ttft")) == pytest.approx([0.5, 0.5, 1.0, 2.0])
     assert sorted(result.net("new", "done")) == pytest.approx([0.5, 0.521, 1.021, 2.021])
@@ -529,7 +500,7 @@ def test_the_proxy_queue_wait_is_reported_only_when_the_proxy_gave_one() -> None
 
 
 def test_an_arm_without_warm_repetitions_has_nan_statistics() -> None:
-    result = ArmResult(ARM["fcfs"], "c", 1.0)
+    result = fcfs_arm()
     s = summarize(result)
     assert math.isnan(s["new_chat_ttft_p95"])
     assert math.isnan(s["running_worst_gap_median"])
@@ -731,37 +702,40 @@ def test_the_table_has_one_row_per_arm_in_order() -> None:
     assert "| batch done, median (net of stops) |" in lines[0]
 
 
+def proxy_row(**values: Any) -> str:
+    """The table's row of the proxy arm's :func:`summary` with ``values``."""
+    return table([summary("proxy", **values)]).splitlines()[2]
+
+
 def test_the_table_writes_short_times_in_milliseconds() -> None:
-    s = summary(
-        "proxy",
+    row = proxy_row(
         running_worst_gap=2.5,
         running_worst_gap_median=0.0125,
         running_worst_gap_net=0.25,
         running_worst_gap_net_median=0.0075,
     )
-    row = table([s]).splitlines()[2]
     assert "| 12 ms (2.50 s) | 8 ms (250 ms; 3 of 3) |" in row
     assert "| 10.00 s (10.00 s) |" in row
 
 
 def test_the_table_shows_the_raw_and_net_times_side_by_side() -> None:
-    s = summary(
-        "proxy",
-        new_chat_ttft_p50=0.5,
-        new_chat_ttft_p95=3.0,
-        new_chat_ttft_net_p50=0.25,
-        new_chat_ttft_net_p95=0.75,
-        new_chat_done_p50=4.0,
-        new_chat_done_p95=5.0,
-        new_chat_done_net_p50=2.0,
-        new_chat_done_net_p95=2.5,
-        running_worst_gap_net_median=0.327,
-        running_worst_gap_net=0.327,
-        running_overlapped=1,
-        batch_done_median=20.0,
-        batch_done_net_median=18.2,
-    )
-    cells = [c.strip() for c in table([s]).splitlines()[2].split("|")[1:-1]]
+    values = {
+        "new_chat_ttft_p50": 0.5,
+        "new_chat_ttft_p95": 3.0,
+        "new_chat_ttft_net_p50": 0.25,
+        "new_chat_ttft_net_p95": 0.75,
+        "new_chat_done_p50": 4.0,
+        "new_chat_done_p95": 5.0,
+        "new_chat_done_net_p50": 2.0,
+        "new_chat_done_net_p95": 2.5,
+        "running_worst_gap_net_median": 0.327,
+        "running_worst_gap_net": 0.327,
+        "running_overlapped": 1,
+        "batch_done_median": 20.0,
+        "batch_done_net_median": 18.2,
+    }
+    row = proxy_row(**values)
+    cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells == [
         ARM["proxy"].name,
         "500 ms / 3.00 s",
@@ -796,7 +770,7 @@ def four_arms() -> list[ArmResult]:
                 batch_ttft=2.0,
                 queue_ms=queue_ms,
                 # a stop over the running gap in repetition 1, after it in the others
-                stall_spans=((in_gap if i == 1 else away)(i, 0.1 * (i + 1)),),
+                stops=[(in_gap if i == 1 else away)(i, 0.1 * (i + 1))],
                 set_aside=(i == 2),
             )
             for i in range(4)

@@ -5,6 +5,7 @@ result JSON and the table. No network, no vLLM."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -53,16 +54,16 @@ def test_dataset_refuses_a_conversation(tmp_path: Path) -> None:
 def test_bench_command_matches_the_class(tmp_path: Path) -> None:
     workload = load_workload(WORKLOAD)
     cls = traffic_class(workload, "chat")
-    argv = bench_argv(
+    argv_for = functools.partial(
+        bench_argv,
         python=Path("py"),
         base_url="http://e",
         tokenizer=Path("m"),
         workload=workload,
-        cls=cls,
-        n=40,
         dataset=tmp_path / "d.jsonl",
         result_dir=tmp_path,
     )
+    argv = argv_for(cls=cls, n=40)
     pairs = dict(itertools.pairwise(argv))
     assert pairs["--backend"] == "openai-chat"
     assert pairs["--endpoint"] == "/v1/chat/completions"
@@ -73,16 +74,7 @@ def test_bench_command_matches_the_class(tmp_path: Path) -> None:
         assert flag in argv
     closed = dataclasses.replace(cls, arrival=Arrival(process="closed", concurrency=2))
     with pytest.raises(ValueError, match="closed"):
-        bench_argv(
-            python=Path("py"),
-            base_url="http://e",
-            tokenizer=Path("m"),
-            workload=workload,
-            cls=closed,
-            n=1,
-            dataset=tmp_path / "d.jsonl",
-            result_dir=tmp_path,
-        )
+        argv_for(cls=closed, n=1)
 
 
 def test_bench_path_goes_to_the_bench_alone() -> None:

@@ -15,6 +15,8 @@ from loadtests.harness.measures import summarize
 from loadtests.harness.traffic import count_output
 from loadtests.harness.validity import answer_json, assess, follows
 
+from .records import record
+
 MIT = {
     "licence": "MIT License",
     "copyright_holder": "A. Person",
@@ -90,11 +92,8 @@ def test_an_answer_with_a_schema_may_stop_on_its_own_and_then_must_follow_it() -
 
 
 def _streamed(i: int, text: str, schema: dict[str, Any] | None) -> Record:
-    return Record(
-        id=f"x-{i}",
-        kind="x",
-        url="u",
-        prompt_tokens_sent=0,
+    return record(
+        i,
         max_tokens=64,
         sent_at=float(i),
         token_times=[i + 0.1, i + 0.2],

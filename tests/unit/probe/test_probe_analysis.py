@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from loadtests.probe.analysis import ChunkFrom, Verdict, analyze
+from loadtests.probe.analysis import Analysis, ChunkFrom, Verdict, analyze
 from loadtests.probe.measurements import Injection
 
 from .curves import SIZES, Engine, Noise, injections
@@ -19,6 +19,13 @@ ATTENTION = 2.4e-8
 REAL_CPU = {"per_token_s": 0.000138, "attention_s": 1.1e-7}
 # What the probe sees on a busy client: a few percent, a millisecond, a rare hiccup.
 CLIENT_NOISE = Noise(relative=0.03, absolute_s=0.001, spike_odds=0.03)
+
+
+def through_client_noise(engine: Engine) -> tuple[list[Analysis], Counter[Verdict]]:
+    """100 seeded probes of ``engine`` through :data:`CLIENT_NOISE`: each analysis, and
+    how many gave each verdict."""
+    runs = [analyze(injections(engine, noise=CLIENT_NOISE, seed=seed)) for seed in range(100)]
+    return runs, Counter(a.verdict for a in runs)
 
 
 # -- interleaving ---------------------------------------------------------------------
@@ -66,9 +73,7 @@ def test_a_chunk_below_the_smallest_prompt(attention_s: float) -> None:
 def test_interleaving_is_recognised_through_client_noise(chunk: int) -> None:
     # 100 seeded runs: a wrong answer may say inconclusive, never serializes; the
     # chunk estimate stays close.
-    engine = Engine(chunk=chunk, attention_s=ATTENTION)
-    runs = [analyze(injections(engine, noise=CLIENT_NOISE, seed=seed)) for seed in range(100)]
-    verdicts = Counter(a.verdict for a in runs)
+    runs, verdicts = through_client_noise(Engine(chunk=chunk, attention_s=ATTENTION))
     assert verdicts[Verdict.INTERLEAVES] >= 97, verdicts
     assert verdicts[Verdict.SERIALIZES] == 0
     close = [a for a in runs if a.chunk_tokens and abs(a.chunk_tokens / chunk - 1) < 0.25]
@@ -109,9 +114,7 @@ def test_a_gpu_like_serializing_engine() -> None:
 
 @pytest.mark.parametrize("attention_s", [0.0, ATTENTION])
 def test_serializing_is_recognised_through_client_noise(attention_s: float) -> None:
-    engine = Engine(chunk=None, attention_s=attention_s)
-    runs = [analyze(injections(engine, noise=CLIENT_NOISE, seed=seed)) for seed in range(100)]
-    verdicts = Counter(a.verdict for a in runs)
+    _, verdicts = through_client_noise(Engine(chunk=None, attention_s=attention_s))
     assert verdicts[Verdict.SERIALIZES] >= 97, verdicts
     assert verdicts[Verdict.INTERLEAVES] == 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.clock import VirtualClock
@@ -70,6 +70,17 @@ def submit(s: Scheduler, cls: TrafficClass, tokens: int, **kw: Any) -> Job:
 def sent(s: Scheduler) -> dict[str, str]:
     """Dispatch now; job id -> engine."""
     return {d.job.id: d.engine for d in s.dispatch()}
+
+
+def assert_held_until(
+    s: Scheduler, j: Job, reason: HeldReason, release: Callable[[], object], engine: str
+) -> None:
+    """``j`` goes nowhere, held for ``reason``, until ``release()``; then it goes to
+    ``engine``."""
+    assert sent(s) == {}
+    assert j.held is reason
+    release()
+    assert sent(s) == {j.id: engine}
 
 
 def candidates(s: Scheduler, j: Job) -> list[EngineState]:

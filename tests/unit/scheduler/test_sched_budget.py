@@ -4,36 +4,43 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig
 from proxy.scheduler import BudgetController, EngineLoad, HeldReason, Job, Scheduler
 from proxy.scheduler.budget import percentile, time_weighted_percentile
 
 from .helpers import B, I, engine, make, submit
 
-SETTINGS = BudgetConfig(
-    initial_tokens=8000,
-    min_tokens=1000,
-    max_tokens=10_000,
-    ttft_target_s=1.0,
-    gap_target_s=0.1,
-    aim=0.8,
-    percentile=0.95,
-    window_s=30.0,
-    interval_s=1.0,
-    min_samples=5,
-    decrease=0.5,
-    increase_tokens=500,
-)
+# the budget section every test starts from, as an engine's settings take it
+BUDGET: dict[str, Any] = {
+    "initial_tokens": 8000,
+    "min_tokens": 1000,
+    "max_tokens": 10_000,
+    "ttft_target_s": 1.0,
+    "gap_target_s": 0.1,
+    "aim": 0.8,
+    "percentile": 0.95,
+    "window_s": 30.0,
+    "interval_s": 1.0,
+    "min_samples": 5,
+    "decrease": 0.5,
+    "increase_tokens": 500,
+}
 
 
 def controller(**overrides: object) -> BudgetController:
-    fields = {**SETTINGS.__dict__, **overrides}
-    return BudgetController(BudgetConfig(**fields), 0.0)
+    return BudgetController(BudgetConfig(**{**BUDGET, **overrides}), 0.0)
+
+
+def judging_each_chat(**engine_settings: Any) -> tuple[Scheduler, VirtualClock]:
+    """A scheduler over one engine ``e`` whose budget loop judges from one sample on."""
+    return make(engine("e", budget={**BUDGET, "min_samples": 1}, **engine_settings))
 
 
 def ttfts(c: BudgetController, t: float, *values: float) -> None:
@@ -157,24 +164,35 @@ def batch_in_prefill(s: Scheduler) -> Job:
     return doc
 
 
-def test_through_the_scheduler_the_sample_that_triggers_a_cut_is_not_judged_again() -> None:
-    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+def chats_beside_batch(
+    n: int, *, tokens: int = 100, **engine_settings: Any
+) -> tuple[Scheduler, VirtualClock, list[Job]]:
+    """``n`` chats of ``tokens`` dispatched to engine ``e`` beside a batch document in
+    prefill, the budget loop judging from one sample on."""
+    s, clock = judging_each_chat(**engine_settings)
     batch_in_prefill(s)
-    chats = [submit(s, I, 100) for _ in range(2)]
+    chats = [submit(s, I, tokens) for _ in range(n)]
     s.dispatch()
+    return s, clock, chats
+
+
+def budget_after_an_interval(s: Scheduler, clock: VirtualClock) -> int:
+    """Engine ``e``'s budget once an interval has passed and the loop has run."""
+    clock.advance(1.0)
+    s.tick()
+    return s.engines["e"].budget.tokens
+
+
+def test_through_the_scheduler_the_sample_that_triggers_a_cut_is_not_judged_again() -> None:
+    s, clock, chats = chats_beside_batch(2, max_inflight=64)
     clock.advance(2.0)
     s.on_first_token(chats[0].id)  # 2 s from dispatch > 0.8 s: cut at once
     assert s.engines["e"].budget.tokens == 4000
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 4000
+    assert budget_after_an_interval(s, clock) == 4000
 
 
 def test_the_cut_is_logged_with_the_numbers_judged() -> None:
-    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
-    batch_in_prefill(s)
-    chat = submit(s, I, 100)
-    s.dispatch()
+    s, clock, (chat,) = chats_beside_batch(1, max_inflight=64)
     clock.advance(2.0)
     s.on_first_token(chat.id)
     (change,) = s.engines["e"].budget.changes
@@ -184,23 +202,17 @@ def test_the_cut_is_logged_with_the_numbers_judged() -> None:
 
 
 def test_chats_that_never_shared_the_engine_with_batch_prefill_are_not_judged() -> None:
-    s, clock = make(engine("e", max_inflight=64, budget={**SETTINGS.__dict__, "min_samples": 1}))
+    s, clock = judging_each_chat(max_inflight=64)
     chat = submit(s, I, 100)  # no batch anywhere: its slow start is not batch's doing
     s.dispatch()
     clock.advance(2.0)
     s.on_first_token(chat.id)
     s.on_token_gap(chat.id, 5.0)
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 8000
+    assert budget_after_an_interval(s, clock) == 8000
 
 
 def test_ttft_is_judged_from_dispatch_not_from_arrival() -> None:
-    budget = {**SETTINGS.__dict__, "min_samples": 1}
-    s, clock = make(engine("e", max_inflight=2, budget=budget))
-    batch_in_prefill(s)
-    first = submit(s, I, 10)
-    s.dispatch()
+    s, clock, (first,) = chats_beside_batch(1, tokens=10, max_inflight=2)
     late = submit(s, I, 10)  # waits at the proxy's cap for 5 s
     clock.advance(5.0)
     s.on_first_token(first.id)  # 5 s: cut
@@ -210,14 +222,11 @@ def test_ttft_is_judged_from_dispatch_not_from_arrival() -> None:
     assert late.dispatched_at == 5.0 and late.beside_batch
     clock.advance(0.1)
     s.on_first_token(late.id)  # 5.1 s from arrival, 0.1 s from dispatch
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 4000
+    assert budget_after_an_interval(s, clock) == 4000
 
 
 def test_a_chat_in_flight_when_batch_is_sent_counts() -> None:
-    budget = {**SETTINGS.__dict__, "min_samples": 1}
-    s, clock = make(engine("e", budget=budget))
+    s, clock = judging_each_chat()
     chat = submit(s, I, 10)
     s.dispatch()
     s.on_first_token(chat.id)
@@ -225,9 +234,7 @@ def test_a_chat_in_flight_when_batch_is_sent_counts() -> None:
     batch_in_prefill(s)
     assert chat.beside_batch
     s.on_token_gap(chat.id, 5.0)
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 4000
+    assert budget_after_an_interval(s, clock) == 4000
 
 
 def test_no_change_without_enough_samples_except_growth() -> None:
@@ -334,7 +341,7 @@ def test_settings_are_checked() -> None:
 
 
 def test_slow_first_tokens_cut_the_engines_budget_and_only_that_engines() -> None:
-    budget = {**SETTINGS.__dict__, "min_samples": 2}
+    budget = {**BUDGET, "min_samples": 2}
     s, clock = make(engine("a", budget=budget), engine("b", budget=budget))
     s.set_engine_up("b", False)  # everything below goes to a
     batch_in_prefill(s)  # a's batch prefill, shared with the chats below
@@ -350,46 +357,37 @@ def test_slow_first_tokens_cut_the_engines_budget_and_only_that_engines() -> Non
 
 
 def test_batch_gaps_do_not_count_and_interactive_gaps_do() -> None:
-    budget = {**SETTINGS.__dict__, "min_samples": 1}
-    s, clock = make(engine("e", budget=budget))
+    s, clock = judging_each_chat()
     doc = submit(s, B, 100)
     s.dispatch()
     s.on_first_token(doc.id)
     s.on_token_gap(doc.id, 5.0)
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 8000
+    assert budget_after_an_interval(s, clock) == 8000
     batch_in_prefill(s)
     chat = submit(s, I, 10)
     s.dispatch()
     s.on_first_token(chat.id)
     s.on_token_gap(chat.id, 5.0)
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 4000
+    assert budget_after_an_interval(s, clock) == 4000
 
 
 def test_the_budget_grows_while_batch_waits_on_it() -> None:
-    s, clock = make(engine("e", budget={**SETTINGS.__dict__, "initial_tokens": 1000}))
+    s, clock = make(engine("e", budget={**BUDGET, "initial_tokens": 1000}))
     submit(s, B, 900)
     submit(s, B, 900)
     s.dispatch()
     assert s.engines["e"].held_reason == "prefill_budget"
-    clock.advance(1.0)
-    s.tick()
-    assert s.engines["e"].budget.tokens == 1500
+    assert budget_after_an_interval(s, clock) == 1500
     s.observe_load("e", EngineLoad(kv_usage=0.95))  # now held for KV, not the budget
-    clock.advance(1.0)
-    s.tick()
+    assert budget_after_an_interval(s, clock) == 1500  # not waiting on the budget: no growth
     assert s.engines["e"].held_reason == "kv_headroom"
-    assert s.engines["e"].budget.tokens == 1500  # not waiting on the budget: no growth
 
 
 def test_a_budget_that_grows_after_a_hold_frees_the_job_it_held() -> None:
     """The budget loop runs at the end of the dispatch that held a job for the budget;
     when it grows the budget there, the job no longer says it is held for it (the
     turn says it may go), and taking it next is not logged as a second hold."""
-    grows = {**SETTINGS.__dict__, "initial_tokens": 1, "min_tokens": 1, "max_tokens": 2}
+    grows = {**BUDGET, "initial_tokens": 1, "min_tokens": 1, "max_tokens": 2}
     grows |= {"interval_s": 0.5, "min_samples": 1, "increase_tokens": 1}
     s, clock = make(engine("e", max_inflight=3, batch_max_inflight=2, budget=grows))
     for _ in range(8):

@@ -16,7 +16,7 @@ from proxy.scheduler import (
 )
 from proxy.scheduler.routing import AffinityMap
 
-from .helpers import B, I, check_accounting, engine, job, make, sent, submit
+from .helpers import B, I, assert_held_until, check_accounting, engine, job, make, sent, submit
 
 BUDGET = {"initial_tokens": 1000, "min_tokens": 100, "max_tokens": 4000}
 
@@ -70,10 +70,7 @@ def test_interactive_waits_for_a_down_engine_and_goes_when_it_is_up() -> None:
     s, _ = make(engine("a"))
     s.set_engine_up("a", False)
     chat = submit(s, I, 10)
-    assert sent(s) == {}
-    assert chat.held is HeldReason.ENGINE_UNHEALTHY
-    s.set_engine_up("a", True)
-    assert sent(s) == {chat.id: "a"}
+    assert_held_until(s, chat, HeldReason.ENGINE_UNHEALTHY, lambda: s.set_engine_up("a", True), "a")
 
 
 def test_interactive_goes_to_the_least_predicted_wait() -> None:
@@ -158,10 +155,9 @@ def test_batch_waits_while_interactive_is_in_prefill() -> None:
     chat = submit(s, I, 700)
     s.dispatch()
     doc = submit(s, B, 400)
-    assert sent(s) == {}
-    assert doc.held is HeldReason.INTERACTIVE_WAITING
-    s.on_first_token(chat.id)
-    assert sent(s) == {doc.id: "e"}
+    assert_held_until(
+        s, doc, HeldReason.INTERACTIVE_WAITING, lambda: s.on_first_token(chat.id), "e"
+    )
 
 
 def test_a_prompt_larger_than_the_budget_runs_alone() -> None:
@@ -173,10 +169,7 @@ def test_a_prompt_larger_than_the_budget_runs_alone() -> None:
     s.on_first_token(small.id)
     assert sent(s) == {huge.id: "e"}  # nothing else in prefill: it may run
     later = submit(s, B, 10)
-    assert sent(s) == {}
-    assert later.held is HeldReason.PREFILL_BUDGET
-    s.on_first_token(huge.id)
-    assert sent(s) == {later.id: "e"}
+    assert_held_until(s, later, HeldReason.PREFILL_BUDGET, lambda: s.on_first_token(huge.id), "e")
 
 
 def test_a_held_large_job_holds_later_small_ones_on_its_engine() -> None:
@@ -251,10 +244,7 @@ def test_nothing_is_dispatched_to_a_down_engine_until_it_is_up() -> None:
     assert sent(s) == {doc.id: "b"}
     s.set_engine_up("b", False)
     held = submit(s, B, 10)
-    assert sent(s) == {}
-    assert held.held is HeldReason.ENGINE_UNHEALTHY
-    s.set_engine_up("a", True)
-    assert sent(s) == {held.id: "a"}
+    assert_held_until(s, held, HeldReason.ENGINE_UNHEALTHY, lambda: s.set_engine_up("a", True), "a")
 
 
 # -- failures and cancels -------------------------------------------------------------

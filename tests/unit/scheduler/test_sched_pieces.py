@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.config import BudgetConfig
-from proxy.scheduler import HeldReason, Job
+from proxy.scheduler import HeldReason, Job, pieces
 from proxy.scheduler.pieces import (
     CHUNK_PROBES,
     ChatSigns,
@@ -17,14 +17,6 @@ from proxy.scheduler.pieces import (
     EnginePieces,
     Piece,
     PiecingMode,
-    aligned,
-    cache_held,
-    hits_check_due,
-    hits_held,
-    judge_chunking,
-    next_piece,
-    pace_s,
-    piece_size,
 )
 
 from .helpers import B, I, check_accounting, check_turns, engine, job, make, sent, submit
@@ -34,11 +26,11 @@ from .helpers import B, I, check_accounting, check_turns, engine, job, make, sen
 
 def plan(total: int, size: int, block: int) -> list[Piece]:
     """Every piece of a ``total``-token prompt at a fixed ``size`` (the final last)."""
-    pieces = [next_piece(total, 0, size, block)]
-    while not pieces[-1].final:
-        last = pieces[-1]
-        pieces.append(next_piece(total, last.end, size, block, last.index + 1))
-    return pieces
+    made = [pieces.next_piece(total, 0, size, block)]
+    while not made[-1].final:
+        last = made[-1]
+        made.append(pieces.next_piece(total, last.end, size, block, last.index + 1))
+    return made
 
 
 @pytest.mark.parametrize(
@@ -56,49 +48,49 @@ def plan(total: int, size: int, block: int) -> list[Piece]:
 def test_a_plan_covers_the_prompt_in_block_aligned_prefixes(
     total: int, size: int, block: int, ends: list[int]
 ) -> None:
-    pieces = plan(total, size, block)
-    assert [p.end for p in pieces] == ends
-    assert [p.index for p in pieces] == list(range(1, len(ends) + 1))
-    assert [p.final for p in pieces] == [False] * (len(ends) - 1) + [True]
-    assert all(p.end % block == 0 for p in pieces[:-1])
+    planned = plan(total, size, block)
+    assert [p.end for p in planned] == ends
+    assert [p.index for p in planned] == list(range(1, len(ends) + 1))
+    assert [p.final for p in planned] == [False] * (len(ends) - 1) + [True]
+    assert all(p.end % block == 0 for p in planned[:-1])
     # each piece finds the one before it cached and computes only what is new
-    assert [p.cached for p in pieces] == [0, *ends[:-1]]
-    assert sum(p.new_tokens for p in pieces) == total
-    assert 1 <= pieces[-1].new_tokens <= aligned(size, block)
+    assert [p.cached for p in planned] == [0, *ends[:-1]]
+    assert sum(p.new_tokens for p in planned) == total
+    assert 1 <= planned[-1].new_tokens <= pieces.aligned(size, block)
 
 
 def test_the_piece_after_a_given_point_and_bad_input() -> None:
-    assert next_piece(5000, 1024, 512, 16, index=3) == Piece(3, 1536, 1024, final=False)
-    assert next_piece(5000, 4608, 512, 16) == Piece(1, 5000, 4608, final=True)
+    assert pieces.next_piece(5000, 1024, 512, 16, index=3) == Piece(3, 1536, 1024, final=False)
+    assert pieces.next_piece(5000, 4608, 512, 16) == Piece(1, 5000, 4608, final=True)
     with pytest.raises(ValueError):
-        next_piece(100, 100, 16, 16)
+        pieces.next_piece(100, 100, 16, 16)
     with pytest.raises(ValueError):
-        aligned(100, 0)
+        pieces.aligned(100, 0)
 
 
 def test_piece_size_follows_the_cost_per_token_within_bounds() -> None:
     # 0.08 s at 0.2 ms a token: 400 tokens, in whole blocks of 16
-    assert piece_size(0.0002, 0.08, 16, 256, 2048) == 400
-    assert piece_size(0.0002, 0.07, 16, 256, 2048) == 336  # 350 rounded down
-    assert piece_size(0.01, 0.08, 16, 256, 2048) == 256  # slow engine: the floor
-    assert piece_size(0.000001, 0.08, 16, 256, 2048) == 2048  # fast engine: the cap
-    assert piece_size(0.0, 0.08, 16, 256, 2048) == 2048
+    assert pieces.piece_size(0.0002, 0.08, 16, 256, 2048) == 400
+    assert pieces.piece_size(0.0002, 0.07, 16, 256, 2048) == 336  # 350 rounded down
+    assert pieces.piece_size(0.01, 0.08, 16, 256, 2048) == 256  # slow engine: the floor
+    assert pieces.piece_size(0.000001, 0.08, 16, 256, 2048) == 2048  # fast engine: the cap
+    assert pieces.piece_size(0.0, 0.08, 16, 256, 2048) == 2048
 
 
 def test_cache_held_needs_the_earlier_pieces_reported_cached() -> None:
-    assert cache_held(512, 512) and cache_held(512, 528) and cache_held(0, 0)
-    assert not cache_held(512, 496)
-    assert not cache_held(512, None)  # not reported: cannot be checked
+    assert pieces.cache_held(512, 512) and pieces.cache_held(512, 528) and pieces.cache_held(0, 0)
+    assert not pieces.cache_held(512, 496)
+    assert not pieces.cache_held(512, None)  # not reported: cannot be checked
 
 
 def test_hits_held_needs_the_counter_to_rise_by_the_earlier_pieces() -> None:
-    assert hits_held(512, 1000.0, 1512.0) is True
-    assert hits_held(512, 1000.0, 2000.0) is True  # other requests' hits add
-    assert hits_held(512, 1000.0, 1496.0) is False
-    assert hits_held(0, 1000.0, 1000.0) is True
-    assert hits_held(512, None, 1512.0) is None  # no counter: cannot tell
-    assert hits_held(512, 1000.0, None) is None
-    assert hits_held(512, 1000.0, 10.0) is None  # it went back: the engine restarted
+    assert pieces.hits_held(512, 1000.0, 1512.0) is True
+    assert pieces.hits_held(512, 1000.0, 2000.0) is True  # other requests' hits add
+    assert pieces.hits_held(512, 1000.0, 1496.0) is False
+    assert pieces.hits_held(0, 1000.0, 1000.0) is True
+    assert pieces.hits_held(512, None, 1512.0) is None  # no counter: cannot tell
+    assert pieces.hits_held(512, 1000.0, None) is None
+    assert pieces.hits_held(512, 1000.0, 10.0) is None  # it went back: the engine restarted
 
 
 # -- what the proxy knows per engine --------------------------------------------------
@@ -237,7 +229,7 @@ def auto_facts(**fields: Any) -> EnginePieces:
 
 
 @pytest.mark.parametrize(
-    ("signs", "pieces", "why"),
+    ("signs", "in_pieces", "why"),
     [
         (ChatSigns(), False, "batch only: no chat here yet"),
         (ChatSigns(streams=1), True, "chat live: 1 stream(s) in decode"),
@@ -250,9 +242,9 @@ def auto_facts(**fields: Any) -> EnginePieces:
     ],
 )
 def test_auto_decides_ahead_from_what_is_known_of_chat(
-    signs: ChatSigns, pieces: bool, why: str
+    signs: ChatSigns, in_pieces: bool, why: str
 ) -> None:
-    assert auto_facts().choose(1000.0, signs) == Choice(pieces, why)
+    assert auto_facts().choose(1000.0, signs) == Choice(in_pieces, why)
 
 
 def test_on_off_and_an_engine_that_may_not_piece() -> None:
@@ -291,7 +283,7 @@ def test_an_engine_that_chunks_itself_gets_whole_prompts_misses_or_not() -> None
 def test_the_hit_counter_checks_some_pieces_of_each_prompt(
     index: int, checks: int, due: bool
 ) -> None:
-    assert hits_check_due(index, checks) is due
+    assert pieces.hits_check_due(index, checks) is due
 
 
 def test_pieces_that_cannot_tell_leave_the_chunking_unknown_then_pieces_go_two_at_a_time() -> None:
@@ -319,7 +311,7 @@ def test_pieces_that_cannot_tell_leave_the_chunking_unknown_then_pieces_go_two_a
 def test_a_stream_s_widest_gap_beside_a_lone_piece_tells_the_engine_s_chunking(
     piece_s: float, widest_s: float | None, chunks: bool | None
 ) -> None:
-    verdict = judge_chunking(512, piece_s, widest_s)
+    verdict = pieces.judge_chunking(512, piece_s, widest_s)
     assert (None if verdict is None else verdict.chunks) == chunks
     if verdict is not None:
         assert verdict.why.startswith(f"a 512-token piece of {piece_s * 1000:.0f} ms stalled")
@@ -393,4 +385,4 @@ def test_one_piece_at_a_time_while_the_engine_s_chunking_is_judged() -> None:
 def test_pieces_are_paced_one_a_step(
     now: float, last_sent: float | None, others: int, piece_s: float | None, wait: float
 ) -> None:
-    assert pace_s(now, last_sent, others, piece_s) == pytest.approx(wait)
+    assert pieces.pace_s(now, last_sent, others, piece_s) == pytest.approx(wait)
