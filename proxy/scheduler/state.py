@@ -110,7 +110,10 @@ class EngineState:
         self.turn_history = TurnHistory()
         self._accounted_at = now
         self._events = events if events is not None else EventTime(now)
-        # counters over ``inflight``, kept by admit / start_decode / release
+        # counters over ``inflight``, kept by admit / start_decode / release (and
+        # ``rank`` below); sums over ``inflight`` at each read instead: chat 64 x 10,000
+        # 36 µs, not 17; batch done 64 x 10,000 1,380, not 151 (the scheduler figure:
+        # proxy.scheduler.core's docstring)
         self._prefill = dict.fromkeys(TrafficClass, 0)  # prompt tokens in prefill
         self._decode = dict.fromkeys(TrafficClass, 0)  # streams in decode
         self._count = dict.fromkeys(TrafficClass, 0)  # jobs in flight

@@ -6,6 +6,20 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+__all__ = [  # what proxy.scheduler exports of it
+    "BATCH_PRIORITY",
+    "INTERACTIVE_PRIORITY",
+    "Abort",
+    "Decision",
+    "Dispatch",
+    "HeldReason",
+    "Job",
+    "Phase",
+    "Reservation",
+    "TrafficClass",
+    "Turn",
+]
+
 INTERACTIVE_PRIORITY = -10
 BATCH_PRIORITY = 0
 
