@@ -110,7 +110,10 @@ async def test_run_probe_measures_every_size_after_a_warm_up() -> None:
     # The warm-up (the smallest and the largest size) is not recorded.
     assert [len(p) for p in injected[:2]] == [min(SIZES), max(SIZES)]
     assert len(injected) == 2 + 2 * len(SIZES)
-    assert len({tuple(p[:1]) for p in injected}) == len(injected)
+    # no prompt shares a first cache block (16 tokens) with another, so none hits
+    # another's cached prefix; their first tokens alone may collide (a random tag through
+    # the fake tokenizer's vocabulary: one CI run in a few hundred)
+    assert len({tuple(p[:16]) for p in injected}) == len(injected)
     assert fake.streams_closed == len(injected)
     assert result.engine.model == MODEL
     assert [row.prompt_tokens for row in result.analysis.table] == list(SIZES)
