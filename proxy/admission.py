@@ -35,6 +35,7 @@ from proxy.scheduler import (
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import Second
 from proxy.scheduler.pieces import ChatSigns, pieces_in_prefill
+from proxy.scheduler.prefix import KVEvent
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -234,6 +235,25 @@ class Admission:
         self._scheduler.set_piece_depth(engine, depth)
         self.pump()
 
+    def set_cache(self, engine: str, block_size: int | None, blocks: int | None) -> None:
+        """``engine``'s KV cache: block size and size in blocks (its prefix index)."""
+        self._scheduler.set_cache(engine, block_size, blocks)
+
+    def follow_events(self, engine: str) -> None:
+        """``engine``'s prefix index is kept from its KV-cache events from now on."""
+        self._scheduler.follow_events(engine)
+
+    def kv_events(self, engine: str, events: list[KVEvent]) -> None:
+        """``engine``'s KV-cache events: its prefix index follows them; batch held
+        there may cost less now."""
+        self._scheduler.kv_events(engine, events)
+        self.pump()
+
+    def cached(self, job_id: str, reported: int) -> tuple[str, int] | None:
+        """The engine answered that ``reported`` of ``job_id``'s prompt tokens were
+        cached: the engine and what was expected there (None: unknown job)."""
+        return self._scheduler.on_cached(job_id, reported)
+
     def tick(self) -> None:
         """Advance turn accounting and the budget loops, then dispatch what may go."""
         self._scheduler.tick()
@@ -266,6 +286,21 @@ class Admission:
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
+
+    def block_size_for(self, model: str) -> int | None:
+        """The block size ``model``'s prompts are hashed at for the prefix index."""
+        return self._scheduler.block_size_for(model)
+
+    def wants_blocks(self, model: str, cls: TrafficClass) -> bool:
+        """Whether a request's prompt is worth tokenizing for the prefix index: by
+        prefix, a batch request always (it is tokenized to be counted anyway, and
+        it is charged what its engine must compute); a chat where more than one
+        engine serves its model (a round trip before its turn, spent only where
+        there is an engine to choose)."""
+        scheduler = self._scheduler
+        if scheduler.settings.route_by != "prefix":
+            return False
+        return cls is TrafficClass.BATCH or len(scheduler.engines_for(model)) > 1
 
     def interactive_streams(self, engine: str) -> int:
         """Interactive streams decoding on ``engine`` now."""

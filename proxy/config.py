@@ -155,6 +155,11 @@ class EngineConfig:
       long prefills itself);
       ``piece_tokens``: the first piece's size, before the engine's cost is known;
       it also judges the engine's own chunking (see docs/scheduling.md).
+    - ``kv_events``: where the engine publishes its KV-cache events (vLLM's
+      ``--kv-events-config`` endpoint, as ``tcp://host:port``): the proxy's prefix
+      index of the engine follows them exactly; ``kv_events_replay``, its replay
+      endpoint, asked for what a gap lost. Without them the index is kept from
+      what was routed there (docs/fleet.md).
 
     A ``url`` of the form ``dns+http://HOST:PORT`` (or ``dns+https://``) is not one
     engine but a group found by DNS: ``HOST`` is resolved every ``dns_interval_s``
@@ -173,6 +178,8 @@ class EngineConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     piecing: str = "auto"
     piece_tokens: int = 512
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
     def __post_init__(self) -> None:
         _check(self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto")
@@ -214,6 +221,7 @@ DNS_SCHEME_PREFIX = "dns+"
 
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
+ROUTE_BY = ("prefix", "affinity", "load")
 BATCH_STORES = ("sqlite", "postgres")
 BATCH_ABORTS = ("off", "on", "auto")
 
@@ -246,6 +254,11 @@ class ServingSettings:
     gap_target_s: float = 0.100  # chat's gap between tokens, p95
     drain_timeout_s: float = 30.0  # on SIGTERM, requests in flight get this long
     decision_log_size: int = 1000  # decisions kept for GET /turn/log
+    # how a request's engine is chosen among its model's: ``prefix`` (the least
+    # expected time to first token, counting what each engine's prefix cache holds),
+    # ``affinity`` (the least prefill in flight, a conversation kept on its engine),
+    # ``load`` (the least prefill in flight)
+    route_by: str = "prefix"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -564,6 +577,7 @@ def _check_serving(s: ServingSettings) -> None:
     _check(1 <= s.port <= 65535, "port", "expected 1..65535")
     _at_least_one(s, "decision_log_size")
     _check(s.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
+    _check(s.route_by in ROUTE_BY, "route_by", "expected " + ", ".join(ROUTE_BY))
 
 
 def _check_upstream(s: UpstreamSettings) -> None:

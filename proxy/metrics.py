@@ -130,11 +130,24 @@ class SchedulerCollector(Collector):
             "Other proxy replicas' batch prompt tokens in prefill, from the shared ledger",
             "engine",
         )
+        index = _gauge(
+            "whoseturn_prefix_index_blocks",
+            "Blocks the proxy's prefix index holds for the engine, by how it is kept "
+            "(events: the engine's KV events; routed: what was sent there)",
+            "engine",
+            "mode",
+        )
         for e in engines:
             up.add_metric([e.name], 1.0 if e.up else 0.0)
             info.add_metric([e.name, self.engine_urls.get(e.name, "")], 1.0)
             others.add_metric([e.name], e.others.batch_prefill_tokens)
-        yield from (up, info, others)
+            index.add_metric([e.name, e.prefix.mode.value], len(e.prefix))
+        routes = _counter(
+            "whoseturn_route_decisions", "Requests sent to an engine, by why it was chosen", "why"
+        )
+        for why, n in self.scheduler.route_counts.items():
+            routes.add_metric([why], n)
+        yield from (up, info, others, index, routes)
 
 
 class Health(Protocol):
@@ -367,6 +380,17 @@ class ProxyMetrics:
         self.completion_tokens = self._counter(
             "whoseturn_completion_tokens", "Completion tokens (engine usage)"
         )
+        self.prefix_cached = self._counter(
+            "whoseturn_prefix_cached_tokens",
+            "Prompt tokens found in the engine's prefix cache, of answers that report "
+            "cached_tokens: expected by the proxy's index, or reported by the engine",
+            ["engine", "source"],
+        )
+        self.prefix_prompt = self._counter(
+            "whoseturn_prefix_prompt_tokens",
+            "Prompt tokens of answers that report cached_tokens (the hit rate's whole)",
+            ["engine"],
+        )
 
     def _targets(self, ttft_target_s: float, gap_target_s: float) -> None:
         """The configured targets: constants, set once (interactive only)."""
@@ -396,6 +420,10 @@ class ProxyMetrics:
     def _create_children(self, scheduler: Scheduler) -> None:
         """Counters start at 0 for every known label set, so that ``increase()`` sees
         the first event too."""
+        for engine in scheduler.engines:
+            self.prefix_prompt.labels(engine)
+            for source in ("expected", "reported"):
+                self.prefix_cached.labels(engine, source)
         for c in TrafficClass:
             for engine in scheduler.engines:
                 self.prompt_tokens.labels(c.value, engine)

@@ -55,6 +55,7 @@ from proxy.engines import (
     EngineDiscovery,
     EngineMonitor,
     EnginePool,
+    PrefixFeed,
     Resolver,
     UpstreamError,
     make_http_client,
@@ -84,6 +85,7 @@ class ProxyState:
     counter: PromptCounter
     forwarder: Forwarder
     discovery: EngineDiscovery
+    prefix_feed: PrefixFeed
     shared: SharedBudget | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -119,6 +121,7 @@ class Fleet:
     admission: Admission
     urls: dict[str, str]
     piece_sender: PieceSender
+    prefix_feed: PrefixFeed
 
     def join(self, config: EngineConfig) -> None:
         self.pool.add(config)
@@ -126,6 +129,7 @@ class Fleet:
         self.urls[config.name] = config.url
         self.piece_sender.add(config)
         self.admission.add_engine(config)
+        self.prefix_feed.add(config)
 
     def leave(self, name: str) -> None:
         self.admission.drain_engine(name)
@@ -137,6 +141,7 @@ class Fleet:
         self.pool.remove(name)
         self.urls.pop(name, None)
         self.piece_sender.remove(name)
+        self.prefix_feed.remove(name)
         return True
 
 
@@ -185,6 +190,7 @@ def _shared_budget(
 def _scheduler_settings(settings: Settings) -> SchedulerSettings:
     return SchedulerSettings(
         decision_log_size=settings.serving.decision_log_size,
+        route_by=settings.serving.route_by,
         abort_limit=settings.sharing.batch_abort_max,
         hold=HoldRules(
             hold_timeout_s=settings.sharing.hold_timeout_s,
@@ -224,10 +230,15 @@ async def build(
         scheduler, settings.serving.ttft_target_s, settings.serving.gap_target_s, urls
     )
     piece_sender = _piece_sender(settings, pool, admission, clock, metrics)
-    fleet = Fleet(pool, monitor, admission, urls, piece_sender)
+    a = admission
+    prefix_feed = PrefixFeed(pool, a.set_cache, a.follow_events, a.kv_events)
+    for config in settings.engines:
+        if not config.by_dns:
+            prefix_feed.add(config)
+    fleet = Fleet(pool, monitor, admission, urls, piece_sender, prefix_feed)
     discovery = EngineDiscovery(settings.engines, resolver, fleet)
     await discovery.resolve_once()
-    counter = PromptCounter(pool, admission.engines_up_for)
+    counter = PromptCounter(pool, admission.engines_up_for, blocks=admission)
     timeouts = ReadTimeouts(
         settings.upstream.first_byte_timeout_s, settings.upstream.idle_timeout_s
     )
@@ -242,7 +253,7 @@ async def build(
     admission.on_abort = forwarder.abort
     state = ProxyState(
         settings, clock, http, pool, scheduler, admission, monitor, metrics, counter, forwarder,
-        discovery, shared, replica=replica,
+        discovery, prefix_feed, shared, replica=replica,
     )  # fmt: skip
     await _discover_models(state)
     state.batch = await build_batch(
@@ -264,6 +275,7 @@ async def _discover_late(state: ProxyState) -> None:
     while True:
         await asyncio.sleep(DISCOVER_S)
         await _discover_models(state)
+        await state.prefix_feed.shape()
 
 
 async def _discover_models(state: ProxyState) -> None:
@@ -284,6 +296,8 @@ async def startup(state: ProxyState) -> None:
     read), then the background loops."""
     await state.monitor.check_once()
     await state.forwarder.piece_sender.discover()
+    await state.prefix_feed.shape()
+    state.prefix_feed.start()
     if state.shared is not None:
         await state.shared.ledger.open()
         await state.shared.sync_once()
@@ -308,6 +322,7 @@ async def shutdown(state: ProxyState) -> None:
     """Stop the background loops, then close the batch store, the ledger and the
     upstream HTTP client: each of them, whatever the others do (a loop that died
     with an error is logged, not raised again)."""
+    await state.prefix_feed.stop()
     for task in state.tasks:
         task.cancel()
     for task in state.tasks:

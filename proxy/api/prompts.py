@@ -1,7 +1,12 @@
-"""Prompt-token counts: the one place that decides how big a request's prompt is.
+"""Prompt-token counts: the one place that decides how big a request's prompt is,
+and what its blocks are for the prefix index (:mod:`proxy.scheduler.prefix`).
 
-- Batch requests are counted exactly, by ``POST /tokenize`` on the first up engine
-  serving the model (the engine client caches counts by content).
+- Requests routed by prefix (``route_by: prefix``: batch requests, and chats where
+  more than one engine serves the model) are tokenized by ``POST /tokenize`` on the
+  first up engine serving the model: exact counts, and the token ids cut into the
+  engines' blocks.
+- Other batch requests are counted exactly the same way (the engine client caches
+  counts by content).
 - Interactive requests, and batch requests no engine could count, are estimated
   from the prompt's length in characters times the model's tokens-per-character
   ratio.
@@ -15,10 +20,12 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, Protocol, overload
 
 from proxy.engines import EngineHTTPError, EnginePool, UpstreamError
 from proxy.openai.request import ChatRequest
 from proxy.scheduler import TrafficClass
+from proxy.scheduler.prefix import chain
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +50,16 @@ class TokenEstimator:
 class PromptCount:
     tokens: int
     estimated: bool
+    blocks: tuple[int, ...] = ()  # the prompt's block hashes, where it was tokenized
+
+
+class BlockPolicy(Protocol):
+    """Which prompts are cut into blocks for the prefix index, and at what size
+    (:class:`proxy.admission.Admission` is one)."""
+
+    def wants_blocks(self, model: str, cls: TrafficClass) -> bool: ...
+
+    def block_size_for(self, model: str) -> int | None: ...
 
 
 class PromptCounter:
@@ -54,12 +71,22 @@ class PromptCounter:
         pool: EnginePool,
         engines_up_for: Callable[[str], list[str]],
         estimator: TokenEstimator | None = None,
+        blocks: BlockPolicy | None = None,
     ) -> None:
         self.pool = pool
         self.engines_up_for = engines_up_for
         self.estimator = estimator or TokenEstimator()
+        self.blocks = blocks
 
     async def count(self, req: ChatRequest) -> PromptCount:
+        blocks = self.blocks
+        hashable = req.messages is not None or isinstance(req.prompt, str)
+        if hashable and blocks is not None and blocks.wants_blocks(req.model, req.cls):
+            ids = await self._token_ids(req)
+            size = blocks.block_size_for(req.model)
+            if ids is not None:
+                return PromptCount(len(ids), estimated=False, blocks=chain(ids, size or 1))
+            return PromptCount(self.estimator.estimate(req.model, req.text), estimated=True)
         if req.cls is TrafficClass.BATCH:
             exact = await self._tokenize(req)
             if exact is not None:
@@ -72,14 +99,31 @@ class PromptCounter:
             self.estimator.learn(req.model, req.text, usage_tokens)
 
     async def _tokenize(self, req: ChatRequest) -> int | None:
+        return await self._ask(req, counted=True)
+
+    async def _token_ids(self, req: ChatRequest) -> list[int] | None:
+        return await self._ask(req, counted=False)
+
+    @overload
+    async def _ask(self, req: ChatRequest, counted: Literal[True]) -> int | None: ...
+    @overload
+    async def _ask(self, req: ChatRequest, counted: Literal[False]) -> list[int] | None: ...
+
+    async def _ask(self, req: ChatRequest, counted: bool) -> int | list[int] | None:
+        """The engine's count (or token ids) of ``req``'s prompt; None where no engine
+        is up or the engine could not tokenize it."""
         up = self.engines_up_for(req.model)
         if not up:
             return None
         client = self.pool.client_for(up[0])
         try:
+            if counted:
+                if req.messages is not None:
+                    return await client.count_tokens(req.model, messages=req.messages)
+                return await client.count_tokens(req.model, prompt=req.prompt)
             if req.messages is not None:
-                return await client.count_tokens(req.model, messages=req.messages)
-            return await client.count_tokens(req.model, prompt=req.prompt)
+                return await client.token_ids(req.model, messages=req.messages)
+            return await client.token_ids(req.model, prompt=req.prompt)
         except (UpstreamError, ValueError) as exc:
             # A malformed prompt is the engine's to reject; count it roughly. The
             # client's doing (a 4xx, a bad shape) is no warning: any client could

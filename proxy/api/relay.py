@@ -181,6 +181,18 @@ class Relay:
             self._inter_token.observe(now - last)
             admission.token_gap(self.ticket.id, now - last)
 
+    def _cached(self, prompt: int, reported: int) -> None:
+        """The engine said ``reported`` of the ``prompt`` tokens were in its prefix
+        cache: the index learns from it, and the hit rate counts it."""
+        found = self.services.admission.cached(self.ticket.id, reported)
+        if found is None:
+            return
+        engine, expected = found
+        metrics = self.services.metrics
+        metrics.prefix_prompt.labels(engine).inc(prompt)
+        metrics.prefix_cached.labels(engine, "expected").inc(expected)
+        metrics.prefix_cached.labels(engine, "reported").inc(reported)
+
     def finish(self, outcome: str) -> None:
         """Record the outcome, learn from ``usage``, and release the job."""
         metrics, now = self.services.metrics, self.services.clock.now()
@@ -192,6 +204,10 @@ class Relay:
             self.services.counter.learn(self.ticket.req, self.ticket.count, prompt)
         if isinstance(completion, int):
             metrics.completion_tokens.labels(*self._labels).inc(completion)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and isinstance(prompt, int):
+            self._cached(prompt, cached)
         metrics.requests.labels(*self._labels, outcome).inc()
         metrics.request.labels(*self._labels).observe(now - self.ticket.arrival)
         self.services.admission.finished(self.ticket.id)

@@ -20,7 +20,7 @@ from proxy.admission import Admission
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.piece_sender import PieceChoice
 from proxy.openai.line_ids import job_line
-from proxy.scheduler import Abort
+from proxy.scheduler import Abort, Route
 from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.history import DEFAULT_SPAN_S
 from proxy.scheduler.turns import sentence
@@ -147,6 +147,18 @@ def _abort_body(abort: Abort | None) -> dict[str, Any] | None:
     }
 
 
+def _route_body(route: Route | None) -> dict[str, Any] | None:
+    """Why the engine was chosen, with the cached tokens expected on each candidate
+    that held any (:func:`proxy.scheduler.routing.by_cost`)."""
+    if route is None:
+        return None
+    return {
+        "why": route.why,
+        "cached_tokens": dict(route.cached),
+        "expected_prefill_tokens": route.cost,
+    }
+
+
 def log_body(
     admission: Admission, limit: int, choices: Sequence[PieceChoice] = ()
 ) -> dict[str, Any]:
@@ -182,6 +194,7 @@ def log_body(
                 "piece": d.piece,
                 "action": d.action,
                 "abort": _abort_body(d.abort),
+                "route": _route_body(d.route),
                 "batch": _batch_line(d.job_id),
             }
             for d in decisions

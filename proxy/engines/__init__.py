@@ -4,8 +4,9 @@ One :class:`httpx.AsyncClient` (from :func:`make_http_client`) is shared by an
 :class:`EnginePool`; each engine is an :class:`EngineClient`; an
 :class:`EngineMonitor` keeps the scheduler's view of engine health and load
 current; an :class:`EngineDiscovery` keeps engine groups found by DNS in step
-with their names. Failures are :class:`UpstreamError` subclasses (the tree is drawn in
-``proxy/engines/_exceptions.py``).
+with their names; a :class:`KVEventSubscriber` follows an engine's KV-cache events
+for the scheduler's prefix index. Failures are :class:`UpstreamError` subclasses
+(the tree is drawn in ``proxy/engines/_exceptions.py``).
 """
 
 from proxy.engines._client import EngineClient
@@ -20,6 +21,7 @@ from proxy.engines._exceptions import (
     UpstreamError,
     map_stream_error,
 )
+from proxy.engines._kv_events import KVEventSubscriber, decode_kv_events
 from proxy.engines._metrics import (
     CacheFacts,
     parse_cache_facts,
@@ -28,6 +30,7 @@ from proxy.engines._metrics import (
 )
 from proxy.engines._monitor import AnswerWait, EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
+from proxy.engines._prefix_feed import PrefixFeed
 
 __all__ = [
     "AnswerWait",
@@ -44,8 +47,11 @@ __all__ = [
     "EngineStreamBroken",
     "EngineTimeout",
     "EngineUnavailable",
+    "KVEventSubscriber",
+    "PrefixFeed",
     "Resolver",
     "UpstreamError",
+    "decode_kv_events",
     "make_http_client",
     "map_stream_error",
     "parse_cache_facts",

@@ -65,6 +65,7 @@ class CacheFacts:
 
     prefix_caching: bool | None = None
     block_size: int | None = None
+    num_gpu_blocks: int | None = None  # the cache's size in blocks
 
 
 def parse_cache_facts(text: str) -> CacheFacts:
@@ -119,7 +120,9 @@ def parse_prefix_cache_hits(text: str) -> float | None:
 def _cache_facts(labels: dict[str, str]) -> CacheFacts:
     caching = labels.get("enable_prefix_caching")
     block = labels.get("block_size", "")
+    blocks = labels.get("num_gpu_blocks", "")
     return CacheFacts(
         prefix_caching=None if caching is None else caching.strip().lower() == "true",
         block_size=int(block) if block.isdigit() and int(block) > 0 else None,
+        num_gpu_blocks=int(blocks) if blocks.isdigit() and int(blocks) > 0 else None,
     )

@@ -80,8 +80,9 @@ from proxy.scheduler.aborts import (
     may_abort,
 )
 from proxy.scheduler.pieces import ChatSigns
+from proxy.scheduler.prefix import IndexMode, KVEvent
 from proxy.scheduler.queue import JobQueue
-from proxy.scheduler.routing import AffinityMap, LeastRank, pick_engine, with_affinity
+from proxy.scheduler.routing import AffinityMap, LeastRank, by_cost, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
     Abort,
@@ -91,6 +92,7 @@ from proxy.scheduler.types import (
     Job,
     Phase,
     Reservation,
+    Route,
     TrafficClass,
     Turn,
 )
@@ -104,6 +106,7 @@ class SchedulerSettings:
     (``batch_abort_max``)."""
 
     affinity_slack_tokens: int = 2048
+    route_by: str = "prefix"  # prefix, affinity or load (proxy.scheduler.routing)
     decision_log_size: int = 1000
     abort_limit: int = DEFAULT_ABORT_LIMIT
     hold: HoldRules = dataclasses.field(default_factory=HoldRules)
@@ -133,6 +136,8 @@ class Scheduler:
         self.jobs: dict[str, Job] = {}
         self.log: deque[Decision] = deque(maxlen=self.settings.decision_log_size)
         self.affinity = AffinityMap()
+        # requests sent by why their engine was chosen (Route.why; metrics)
+        self.route_counts: dict[str, int] = dict.fromkeys(("prefix", "load"), 0)
         # the engines of each model and their names, built again when engines change;
         # the names read off _by_model at each use instead: chat 64 x 10,000 23 µs, not 18
         self._by_model: dict[str, list[EngineState]] = {}
@@ -345,29 +350,39 @@ class Scheduler:
             job = queue.earliest_first(live)
             assert job is not None  # a model stays live while it has a chat queued
             model = job.model
-            engine = self._chat_engine(job, takes)
-            if engine is None:
+            chosen = self._chat_engine(job, takes)
+            if chosen is None:
                 self._hold_chats(now, model, self._by_model.get(model, []))
                 del live[model]
                 continue
-            out.append(self._send(now, job, engine))
+            out.append(self._send(now, job, *chosen))
             if queue.first_of_model(model) is None:
                 del live[model]
         return out
 
-    def _chat_engine(self, job: Job, takes: set[str]) -> EngineState | None:
+    def _chat_engine(self, job: Job, takes: set[str]) -> tuple[EngineState, Route | None] | None:
         """The engine for ``job`` among those of its model that take a chat now
-        (``takes``); None if none does."""
+        (``takes``), and why, where a receipt is kept; None if none does."""
         engines = self._by_model.get(job.model, [])
         names = self._names_by_model.get(job.model, frozenset())
-        preferred = self.affinity.get(job.affinity)
+        every = bool(engines) and (len(takes) == len(self.engines) or names <= takes)
+        if job.blocks and self.settings.route_by == "prefix":
+            ready = engines if every else [e for e in engines if e.name in takes]
+            if not ready:
+                return None
+            return by_cost(ready, job, self._least[job.model].least() if every else None)
+        preferred = self._preferred(job)
         slack = self.settings.affinity_slack_tokens
-        if engines and (len(takes) == len(self.engines) or names <= takes):
+        if every:
             # every engine of the model takes a chat: the least rank is indexed
             other = self.engines[preferred] if preferred in names else None
-            return with_affinity(self._least[job.model].least(), other, job, slack)
+            return with_affinity(self._least[job.model].least(), other, job, slack), None
         ready = [e for e in engines if e.name in takes]
-        return pick_engine(ready, job, preferred, slack) if ready else None
+        return (pick_engine(ready, job, preferred, slack), None) if ready else None
+
+    def _preferred(self, job: Job) -> str | None:
+        """The conversation's engine, unless the engine is chosen by load alone."""
+        return None if self.settings.route_by == "load" else self.affinity.get(job.affinity)
 
     def _hold_chats(self, now: float, model: str, engines: list[EngineState]) -> None:
         """No engine of ``model`` takes a chat: hold every chat queued for it, for
@@ -398,7 +413,10 @@ class Scheduler:
                 candidates = self._candidates(job)
                 self._hold(now, job, candidates, _chat_held(candidates))
                 continue
-            preferred = self.affinity.get(job.affinity)
+            if job.blocks and self.settings.route_by == "prefix":
+                out.append(self._send(now, job, *by_cost(ready, job)))
+                continue
+            preferred = self._preferred(job)
             engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
             out.append(self._send(now, job, engine))
         return out
@@ -429,9 +447,9 @@ class Scheduler:
                 if not excluded:
                     del kept[model]  # every engine serving the model is blocked
                 continue
-            best, reason = self._ask_batch(job, model, first, blocked)
+            best, reason, route = self._ask_batch(job, model, first, blocked)
             if best is not None:
-                out.append(self._send(now, job, best))
+                out.append(self._send(now, job, best, route))
                 continue
             assert reason is not None
             self._hold(now, job, (first,), reason)
@@ -456,10 +474,12 @@ class Scheduler:
 
     def _ask_batch(
         self, job: Job, model: str, first: EngineState, blocked: set[str]
-    ) -> tuple[EngineState | None, HeldReason | None]:
+    ) -> tuple[EngineState | None, HeldReason | None, Route | None]:
         """Of the engines of ``model`` asked about ``job``, the open one of least rank
-        (None: none is open); and why ``first`` refuses it (its turn's reason if not
-        asked). A marked engine's refusal is kept for the turn at the event's end.
+        (None: none is open), or by prefix the open one where it costs least
+        (:func:`~proxy.scheduler.routing.by_cost`, with its receipt); and why
+        ``first`` refuses it (its turn's reason if not asked). A marked engine's
+        refusal is kept for the turn at the event's end.
 
         The candidates are the model's engines neither blocked nor excluded; of
         those, only marked ones and ones whose turn holds nothing may be open."""
@@ -470,6 +490,8 @@ class Scheduler:
         asked -= job.excluded
         reason = first.held_reason
         best: EngineState | None = None
+        by_prefix = bool(job.blocks) and self.settings.route_by == "prefix"
+        open_: list[EngineState] = []
         for n in asked:
             e, r = self.engines[n], None
             if n in dirty:
@@ -477,12 +499,21 @@ class Scheduler:
                 self._refused[n] = (job, r)
             if e is first:
                 reason = r
-            if r is None and (best is None or e.rank < best.rank):
-                best = e
-        return best, reason
+            if r is None:
+                if by_prefix:
+                    open_.append(e)
+                if best is None or e.rank < best.rank:
+                    best = e
+        if len(open_) > 1:
+            chosen, route = by_cost(open_, job, best)
+            return chosen, reason, route
+        return best, reason, None
 
-    def _send(self, now: float, job: Job, engine: EngineState) -> Dispatch:
+    def _send(
+        self, now: float, job: Job, engine: EngineState, route: Route | None = None
+    ) -> Dispatch:
         self._unqueue(job)
+        job.cached_tokens = engine.cached_tokens(job)  # before admit: what it is charged
         job.phase = Phase.PREFILL
         job.engine = engine.name
         job.dispatched_at = now
@@ -498,7 +529,9 @@ class Scheduler:
         elif may_abort(job, self.settings.abort_limit):
             self._abortable[job.id] = None
         self.affinity.remember(job.affinity, engine.name)
-        self._log(now, engine.name, job, True, None)
+        if route is not None:
+            self.route_counts[route.why] += 1
+        self._log(now, engine.name, job, True, None, route=route)
         return Dispatch(job, engine.name, job.attempts, now)
 
     def _hold(
@@ -520,9 +553,12 @@ class Scheduler:
         admitted: bool,
         r: HeldReason | None,
         abort: Abort | None = None,
+        route: Route | None = None,
     ) -> None:
         budget = self.engines[engine].budget.tokens
-        decision = Decision(now, engine, job.id, job.cls, admitted, r, budget, job.piece, abort)
+        decision = Decision(
+            now, engine, job.id, job.cls, admitted, r, budget, job.piece, abort, route
+        )
         self.log.append(decision)
 
     # -- aborting batch prefill for a chat (proxy.scheduler.aborts) --------------
@@ -666,6 +702,58 @@ class Scheduler:
             with self._changing(name) as engine:
                 engine.piece_depth = depth
 
+    # -- prefix caches (proxy.scheduler.prefix) ---------------------------------
+
+    def set_cache(self, name: str, block_size: int | None, blocks: int | None) -> None:
+        """Engine ``name``'s KV cache: its block size and its size in blocks (None:
+        unsaid, kept as they are). A new block size empties its index."""
+        engine = self.engines.get(name)
+        if engine is None:
+            return
+        index = engine.prefix
+        if block_size and block_size != index.block_size:
+            index.block_size = block_size
+            index.clear()
+        if blocks:
+            index.resize(blocks)
+
+    def follow_events(self, name: str) -> None:
+        """Engine ``name``'s index is kept from its KV-cache events from now on."""
+        engine = self.engines.get(name)
+        if engine is not None and engine.prefix.mode is not IndexMode.EVENTS:
+            engine.prefix.mode = IndexMode.EVENTS
+            engine.prefix.clear()
+
+    def block_size_for(self, model: str) -> int | None:
+        """The block size prompts of ``model`` are hashed at (its first engine's);
+        None if no engine serves it."""
+        engines = self._by_model.get(model)
+        return engines[0].prefix.block_size if engines else None
+
+    def kv_events(self, name: str, events: list[KVEvent]) -> None:
+        """Engine ``name`` published KV-cache events: its index follows them, and
+        its batch refusals are asked again (what a job costs there changed)."""
+        engine = self.engines.get(name)
+        if engine is None or not events:
+            return
+        now = self._begin()
+        engine.prefix.apply(events)
+        self._mark(name)
+        self._end(now)
+
+    def on_cached(self, job_id: str, reported: int) -> tuple[str, int] | None:
+        """Job ``job_id``'s engine answered that ``reported`` of its prompt tokens were
+        found in its prefix cache: an index kept from routing learns from it. The
+        engine and the cached tokens expected there; None if unknown."""
+        job = self.jobs.get(job_id)
+        if job is None or job.engine is None or job.engine not in self.engines:
+            return None
+        index = self.engines[job.engine].prefix
+        if job.blocks and index.mode is IndexMode.ROUTED:
+            size = index.block_size
+            index.answered(job.blocks, job.cached_tokens // size, reported // size)
+        return job.engine, job.cached_tokens
+
     def set_engine_models(self, name: str, models: Iterable[str]) -> None:
         """Replace the models an engine serves (found by discovery)."""
         now = self._begin()
@@ -726,8 +814,9 @@ class Scheduler:
         # dispatched while interactive work held the engine: on starvation credit
         holding = e.interactive_holding() or e.others.hold_for_interactive
         beside = holding and e.rules.interactive_hold
-        in_prefill = _reserved_tokens(e) + job.prompt_tokens
-        return Reservation(job.id, e.name, job.prompt_tokens, in_prefill, e.budget.tokens, beside)
+        tokens = job.uncached_tokens
+        in_prefill = _reserved_tokens(e) + tokens
+        return Reservation(job.id, e.name, tokens, in_prefill, e.budget.tokens, beside)
 
     def mark_reserved(self, job_id: str) -> None:
         """The ledger granted ``job_id``'s reservation: its tokens count in what this
@@ -912,7 +1001,7 @@ def _chat_held(engines: Iterable[EngineState]) -> HeldReason:
 def _reserved_tokens(engine: EngineState) -> int:
     """The batch prompt tokens in prefill on ``engine`` whose reservation was granted."""
     return sum(
-        j.prompt_tokens
+        j.uncached_tokens
         for j in engine.inflight.values()
         if j.cls is TrafficClass.BATCH and j.phase is Phase.PREFILL and j.reserved
     )

@@ -1,9 +1,15 @@
-"""Where an interactive request goes among the engines that can take it.
+"""Where a request goes among the engines that can take it.
 
 The predicted wait for a first token on an engine is measured in prompt tokens:
-those ahead of the request there (everything in prefill) plus its own. Conversation affinity keeps a
-conversation on the engine whose prefix cache holds it, unless that engine's
-predicted wait is worse than the best by more than the slack.
+those ahead of the request there (everything in prefill) plus its own that the
+engine must compute. By prefix (:func:`by_cost`, the default), the engine's own
+are the prompt's tokens less those its prefix cache is expected to hold
+(:mod:`proxy.scheduler.prefix`): a prompt goes where it costs least, so a
+conversation stays on the engine that holds its history and a document's questions
+follow the document, until that engine's queue outweighs what it holds.
+Without a tokenized prompt, conversation affinity keeps a conversation on the
+engine it last ran on, unless that engine's predicted wait is worse than the best
+by more than the slack.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from proxy.scheduler.state import EngineState
-from proxy.scheduler.types import Job
+from proxy.scheduler.types import Job, Route
 
 
 def predicted_wait(engine: EngineState, job: Job) -> float:
@@ -67,6 +73,35 @@ def with_affinity(
         return best
     close = predicted_wait(preferred, job) <= predicted_wait(best, job) + slack_tokens
     return preferred if close else best
+
+
+def by_cost(
+    candidates: Sequence[EngineState], job: Job, least: EngineState | None = None
+) -> tuple[EngineState, Route]:
+    """The candidate where ``job`` waits least for its first token, counting what
+    each holds of its prompt, and the receipt of the choice. ``least`` is the
+    candidate of least rank, where known (else found here).
+
+    The expected wait on an engine is its prompt tokens in prefill plus the job's
+    uncached there; ties go to the lesser rank. Only engines holding the prompt's
+    first block can beat the least loaded one, so only they are matched further."""
+    best = least if least is not None else min(candidates, key=_RANK)
+    won, won_cached = best, best.cached_tokens(job, pending=True)
+    won_cost = best.rank[0] + job.prompt_tokens - won_cached
+    held: list[tuple[str, int]] = []
+    if job.blocks:
+        for e in candidates:
+            if not e.prefix.holds_first(job.blocks):
+                continue
+            cached = e.cached_tokens(job, pending=True)
+            held.append((e.name, cached))
+            cost = e.rank[0] + job.prompt_tokens - cached
+            if cost < won_cost or (cost == won_cost and e.rank < won.rank):
+                won, won_cached, won_cost = e, cached, cost
+    if not any(name == won.name for name, _ in held):
+        held.append((won.name, won_cached))
+    why = "prefix" if won_cached > 0 else "load"
+    return won, Route(why, tuple(held), won_cost)
 
 
 class LeastRank:

@@ -24,9 +24,14 @@ from proxy.config import EngineConfig
 from proxy.scheduler.budget import BudgetController, SlidingWindow
 from proxy.scheduler.history import Second, TurnHistory
 from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
+from proxy.scheduler.prefix import PrefixIndex
 from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
 
 STREAM_GAPS_SPAN_S = 30.0
+# an engine's prefix index before its cache config is known: vLLM's default block,
+# and a cache of that many blocks (about 1M tokens: a large GPU's, never the limit)
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_CACHE_BLOCKS = 65536
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,18 @@ class EngineState:
         self.rank: tuple[int, int, str] = (0, 0, self.name)
         """(prompt tokens in prefill, jobs in flight, name): least is where a chat waits
         least for its first token (:func:`proxy.scheduler.routing.pick_engine`)."""
+        self.prefix = PrefixIndex(DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BLOCKS)
+        """What the engine's prefix cache holds (:mod:`proxy.scheduler.prefix`)."""
+
+    def cached_tokens(self, job: Job, pending: bool = False) -> int:
+        """The prompt tokens of ``job`` this engine is expected to hold in its prefix
+        cache; with ``pending``, or to have computed by the job's turn (a read: the
+        index is not touched). The last token is always computed, as an engine must
+        produce logits."""
+        if not job.blocks:
+            return 0
+        hit = self.prefix.match(job.blocks, pending) * self.prefix.block_size
+        return max(0, min(hit, job.prompt_tokens - 1))
 
     def serves(self, model: str) -> bool:
         return model in self.settings.models
@@ -148,6 +165,7 @@ class EngineState:
         """``job`` (in prefill) is now in flight here."""
         self.inflight[job.id] = job
         self._count[job.cls] += 1
+        self.prefix.sent(job.blocks)
         if job.cls is TrafficClass.INTERACTIVE:
             self.last_chat_at = self._events.now
         self._add_phase(job, 1)
@@ -158,6 +176,7 @@ class EngineState:
             self._add_phase(job, -1)
             job.phase = Phase.DECODE
             self._add_phase(job, 1)
+            self.prefix.prefilled(job.blocks)
 
     def release(self, job_id: str) -> Job | None:
         """Take a job out of flight here (before its phase changes); None if absent."""
@@ -165,11 +184,13 @@ class EngineState:
         if job is not None:
             self._count[job.cls] -= 1
             self._add_phase(job, -1)
+            if job.phase is Phase.PREFILL:
+                self.prefix.dropped(job.blocks)
         return job
 
     def _add_phase(self, job: Job, sign: int) -> None:
         if job.phase is Phase.PREFILL:
-            self._prefill[job.cls] += sign * job.prompt_tokens
+            self._prefill[job.cls] += sign * job.uncached_tokens
             if job.cls is TrafficClass.INTERACTIVE:
                 if sign > 0:
                     self._chats_in_prefill[job.id] = job
@@ -245,6 +266,9 @@ class EngineState:
         checks run in the order the turn names them (:meth:`Scheduler._turn_of`), so
         the held reason and the turn always agree.
 
+        A job is charged the prompt tokens this engine must compute: those its
+        prefix cache is expected to hold are not (:meth:`cached_tokens`).
+
         The single-request rule: a job larger than the budget still runs when
         nothing else is in prefill, so no prompt is starved by its size. A starved
         batch (:class:`HoldRules`) runs one prompt at a time beside interactive
@@ -266,7 +290,8 @@ class EngineState:
             return HeldReason.PREFILL_BUDGET  # two pieces at a time (scheduler.pieces)
         counted = TrafficClass.BATCH if self.batch_starved(job) else None
         in_prefill = self.prefill_tokens(counted) + self.others.batch_prefill_tokens
-        if in_prefill and in_prefill + job.prompt_tokens > self.budget.tokens:
+        uncached = job.prompt_tokens - self.cached_tokens(job)
+        if in_prefill and in_prefill + uncached > self.budget.tokens:
             return HeldReason.PREFILL_BUDGET
         return None
 

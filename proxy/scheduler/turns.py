@@ -146,6 +146,14 @@ def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json
         },
         "turn_seconds": {t.value: s for t, s in engine.turn_seconds_at(now).items()},
         "held_seconds": {r.value: s for r, s in engine.held_seconds_at(now).items()},
+        "prefix_index": {
+            "mode": engine.prefix.mode.value,
+            "route_by": scheduler.settings.route_by,
+            "blocks": len(engine.prefix),
+            "block_size": engine.prefix.block_size,
+            "capacity_blocks": engine.prefix.capacity,
+            "ages_at_blocks": engine.prefix.limit,
+        },
     }
 
 

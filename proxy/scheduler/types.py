@@ -16,6 +16,7 @@ __all__ = [  # what proxy.scheduler exports of it
     "Job",
     "Phase",
     "Reservation",
+    "Route",
     "TrafficClass",
     "Turn",
 ]
@@ -98,6 +99,14 @@ class Job:
     abortable: bool = False  # batch: may be aborted in prefill and requeued (aborts.py)
     prefill_s: float | None = None  # batch: its expected engine prefill time, where known
     aborts: int = 0  # times it was aborted in prefill and requeued
+    # the prompt's block hashes (proxy.scheduler.prefix.chain; empty: not tokenized)
+    blocks: tuple[int, ...] = ()
+    cached_tokens: int = 0  # in flight: its prompt tokens its engine was expected to hold
+
+    @property
+    def uncached_tokens(self) -> int:
+        """The prompt tokens its engine must compute: what it is charged in prefill."""
+        return self.prompt_tokens - self.cached_tokens
 
 
 class Dispatch(NamedTuple):
@@ -128,6 +137,20 @@ class Abort:
     limit: int
 
 
+class Route(NamedTuple):
+    """Why an engine was chosen for a job (its receipt in ``/turn/log``): ``why`` is
+    ``prefix`` (it holds more of the prompt than the least loaded engine, and that
+    outweighs its load), ``load`` (the least expected wait without it), ``affinity``
+    (the conversation's engine, within the slack), ``pinned`` (a piece's engine);
+    ``cached`` the prompt tokens each candidate was expected to hold (those holding
+    any, and the winner), ``cost`` the winner's expected prompt tokens to prefill
+    before the job's first token (its prefill in flight plus the job's uncached)."""
+
+    why: str
+    cached: tuple[tuple[str, int], ...]
+    cost: int
+
+
 class Decision(NamedTuple):
     """One scheduling decision, as kept in the decision log: a job admitted, held
     (``reason``), or aborted in prefill and requeued (``abort``). A named tuple:
@@ -143,6 +166,7 @@ class Decision(NamedTuple):
     budget: int
     piece: int = 0  # the piece of a pieced prompt (0: a whole request)
     abort: Abort | None = None
+    route: Route | None = None  # admitted: why this engine
 
     @property
     def action(self) -> str:

@@ -4,6 +4,7 @@ proxy app run in-process in front of it."""
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -113,6 +114,13 @@ def stream_response(events: Iterable[bytes], size: int = 7) -> httpx.Response:
     )
 
 
+def fake_token_ids(body: Any, count: int) -> list[int]:
+    """``count`` token ids that are the same for the same prompt and differ from the
+    first token for another (as a tokenizer's would, for the prefix index)."""
+    seed = zlib.crc32(json.dumps(body, sort_keys=True).encode())
+    return [(seed + 7919 * i) % 50_000 for i in range(count)]
+
+
 class FakeEngines:
     """vLLM engines behind one MockTransport handler, told apart by host name
     (``http://NAME.engine.test:8000``).
@@ -161,7 +169,10 @@ class FakeEngines:
             return httpx.Response(200, text=METRICS)
         if call.path == "/tokenize":
             count = self.token_count
-            return httpx.Response(200, json={"count": count, "max_model_len": 99999})
+            tokens = fake_token_ids(call.body, count)
+            return httpx.Response(
+                200, json={"count": count, "max_model_len": 99999, "tokens": tokens}
+            )
         if call.path in (CHAT, COMPLETIONS):
             response = self.generate(call)
             return response if isinstance(response, httpx.Response) else await response
