@@ -5,7 +5,11 @@ order, under a lease it renews while it runs them (:meth:`BatchStore.claim`:
 several replicas on one PostgreSQL store share a job so), and keeps at most
 ``window`` of them in the scheduler at once (memory and the scheduler's cost per
 decision do not grow with the job); which of those run now is the scheduler's
-decision. When no line is left to claim it waits for the lines others hold until
+decision. Each page is fed in the order of its lines' leading text (a stable
+sort: lines that share a document or a system prompt go in together, so the
+scheduler sends them to the engine that holds it, one after another).
+
+When no line is left to claim it waits for the lines others hold until
 every line has a result; then one runner finalizes the job. Each line goes
 through the same door as a ``/batch/v1/...`` request (admission → engine → relay, via
 :meth:`proxy.api.forward.Forwarder.complete`); an engine error (5xx, 429) is
@@ -26,6 +30,7 @@ streams are closed) and finalize with what was recorded.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -271,7 +276,7 @@ class BatchRunner:
                     self.throughput.begin(batch.id, model, self._now())
                     begun = True
                 held = self._held.setdefault(batch.id, set())
-                for line in page:
+                for line in sorted(page, key=prefix_key):
                     if line.idx in held:  # its lease ran out while it ran here
                         continue
                     await room.acquire()
@@ -332,6 +337,18 @@ class BatchRunner:
             if attempt < self.limits.max_attempts:
                 await anyio.sleep(self.limits.backoff_s * 2 ** (attempt - 1))
         return answered(line.custom_id, answer, line.body)
+
+
+PREFIX_KEY_CHARS = 2048
+
+
+def prefix_key(line: PendingLine) -> str:
+    """What orders a page: the line's prompt (or messages, as JSON) up to
+    ``PREFIX_KEY_CHARS`` characters."""
+    body = line.body
+    content = body.get("messages", body.get("prompt", ""))
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+    return text[:PREFIX_KEY_CHARS]
 
 
 def _expired_line(custom_id: str) -> LineResult:
