@@ -55,6 +55,7 @@ SERVING_FLAGS = (
     "time_scale",
     "enable_prompt_tokens_details",
     "request_log",
+    "kv_events_config",
 )
 
 
@@ -149,6 +150,14 @@ def _add_sim_parser(commands: Commands) -> argparse.ArgumentParser:
         default=None,
         help="report the prompt tokens found in the prefix cache in each answer's usage "
         "(prompt_tokens_details.cached_tokens), as vLLM does with this flag (default: off)",
+    )
+    sim.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish vLLM's KV-cache events over ZMQ, as vLLM does with this flag: a JSON "
+        'object of vLLM\'s keys, e.g. \'{"enable_kv_cache_events": true, "endpoint": '
+        '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (default: off)',
     )
     sim.add_argument(
         "--request-log",
@@ -292,6 +301,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def sim_settings(args: argparse.Namespace) -> SimSettings:
     """The simulated engine's settings from ``sim``'s flags, defaults for those not given."""
+    from loadtests.sim.kv_events import KVEventsConfig
     from loadtests.sim.profile import DEFAULT_PROFILE, load_profile
     from loadtests.sim.settings import SimSettings, scheduler_config
 
@@ -300,6 +310,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         return default if value is None else value
 
     profile = load_profile(given("profile", DEFAULT_PROFILE))
+    kv_json = getattr(args, "kv_events_config", None)
     config = scheduler_config(
         profile,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -322,6 +333,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         time_scale=given("time_scale", SIM_TIME_SCALE),
         enable_prompt_tokens_details=given("enable_prompt_tokens_details", False),
         request_log=Path(args.request_log) if getattr(args, "request_log", None) else None,
+        kv_events=KVEventsConfig.from_json(kv_json) if kv_json else None,
     )
 
 

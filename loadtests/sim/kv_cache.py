@@ -7,12 +7,28 @@ least recently freed first, and a later request with the same prefix takes them
 back instead of recomputing them. This is the model of vLLM's V1
 ``KVCacheManager`` that the scheduler needs: can these tokens get slots, which
 prefix is already computed, and how full is the cache.
+
+With ``enable_kv_cache_events`` the manager also records vLLM's KV-cache events
+(:mod:`loadtests.sim.kv_events`) where vLLM's block pool does: ``BlockStored`` when
+full blocks get a hash (one event per run of consecutive blocks of a request,
+parent and tokens included), ``BlockRemoved`` when a cached block is reused and
+its hash dropped, ``AllBlocksCleared`` on :meth:`KVCacheManager.reset_prefix_cache`.
+The engine takes them once per step (:meth:`KVCacheManager.take_events`). Here a
+hash names at most one block: a block whose hash another block already holds is
+not cached again, and gets no event (vLLM caches both copies and announces both),
+so replaying the events yields exactly the hashes this cache can hit.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from loadtests.sim.kv_events import (
+    AllBlocksCleared,
+    AnyKVCacheEvent,
+    block_removed,
+    block_stored,
+)
 from loadtests.sim.request import SimRequest
 
 
@@ -30,7 +46,13 @@ def block_hashes(token_ids: list[int], block_size: int, start: list[int]) -> lis
 class KVCacheManager:
     """Block accounting for the running requests of one engine."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        enable_kv_cache_events: bool = False,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -43,6 +65,7 @@ class KVCacheManager:
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashed: dict[str, int] = {}
         self._req_hashes: dict[str, list[int]] = {}
+        self._events: list[AnyKVCacheEvent] | None = [] if enable_kv_cache_events else None
 
     # -- queries ---------------------------------------------------------------
 
@@ -58,6 +81,18 @@ class KVCacheManager:
 
     def blocks_of(self, request_id: str) -> list[int]:
         return list(self._req_blocks.get(request_id, []))
+
+    @property
+    def cached_hashes(self) -> set[int]:
+        """The block hashes a prefix lookup can hit now."""
+        return set(self._cached)
+
+    def take_events(self) -> list[AnyKVCacheEvent]:
+        """The KV-cache events since the last call, oldest first (none when off)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
 
     def _hashes(self, request: SimRequest) -> list[int]:
         known = self._req_hashes.get(request.request_id, [])
@@ -125,6 +160,8 @@ class KVCacheManager:
         if old is not None:
             if self._cached.get(old) == block:
                 del self._cached[old]
+                if self._events is not None:
+                    self._events.append(block_removed(old))
             self._block_hash[block] = None
         self._ref_cnt[block] = 1
         return block
@@ -139,12 +176,40 @@ class KVCacheManager:
             return
         hashes = self._hashes(request)
         blocks = self._req_blocks[rid]
+        run_start: int | None = None  # first block of the run of newly cached ones
         for i in range(start, end):
             h = hashes[i]
             if h not in self._cached:
                 self._cached[h] = blocks[i]
                 self._block_hash[blocks[i]] = h
+                if run_start is None:
+                    run_start = i
+            elif run_start is not None:
+                self._record_stored(request, hashes, run_start, i)
+                run_start = None
+        if run_start is not None:
+            self._record_stored(request, hashes, run_start, end)
         self._req_hashed[rid] = end
+
+    def _record_stored(self, request: SimRequest, hashes: list[int], start: int, end: int) -> None:
+        """A ``BlockStored`` for the request's blocks ``start`` to ``end`` (exclusive)."""
+        if self._events is None:
+            return
+        size = self.block_size
+        parent = hashes[start - 1] if start > 0 else None
+        tokens = request.token_ids()[start * size : end * size]
+        self._events.append(block_stored(hashes[start:end], parent, tokens, size))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, as vLLM's ``reset_prefix_cache``; refused (False,
+        nothing changed) while a request holds blocks."""
+        if len(self._free) < self.num_blocks:
+            return False
+        self._cached.clear()
+        self._block_hash = [None] * self.num_blocks
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
+        return True
 
     def free(self, request: SimRequest) -> None:
         """Release the request's blocks; cached contents stay reusable until evicted.

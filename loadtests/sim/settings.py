@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtests.sim.kv_events import KVEventsConfig
 from loadtests.sim.profile import Profile
 from loadtests.sim.queues import SchedulingPolicy
 from loadtests.sim.step_scheduler import SchedulerConfig
@@ -23,6 +24,9 @@ class SimSettings:
     request_log: Path | None = None
     """Append a JSON line for each generation request's start and end to this file
     (:mod:`loadtests.sim.server.requestlog`; off by default)."""
+    kv_events: KVEventsConfig | None = None
+    """``--kv-events-config``: publish vLLM's KV-cache events over ZMQ
+    (:mod:`loadtests.sim.kv_events`; off by default, as in vLLM)."""
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:

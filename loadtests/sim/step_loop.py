@@ -13,14 +13,21 @@ then waits for N's output. So a request that arrives while step N runs is first
 scheduled in step N+2, one step later than without it, while a request arriving
 at an idle engine starts at once either way; step N's tokens are still released
 when step N ends.
+
+Given a KV-event publisher, :meth:`SimEngine.finish_step` publishes the KV-cache
+events of the step as one batch stamped with wall time, where vLLM's
+``Scheduler.update_from_output`` does: so under async scheduling the batch of step N
+also carries what planning step N+1 cached or evicted, as in vLLM.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from loadtests.sim.cost import step_seconds
+from loadtests.sim.kv_events import EventPublisher, KVEventBatch
 from loadtests.sim.profile import StepCost
 from loadtests.sim.request import SimRequest
 from loadtests.sim.step_scheduler import EngineScheduler, SchedulerConfig, SchedulerOutput
@@ -68,12 +75,16 @@ class SimEngine:
         cost: StepCost,
         clock: Clock,
         tokenizer: SimTokenizer | None = None,
+        kv_events: EventPublisher | None = None,
     ) -> None:
         self.config = config
         self.cost = cost
         self.clock = clock
         self.tokenizer = tokenizer or SimTokenizer()
-        self.scheduler = EngineScheduler(config, self._sample)
+        self.scheduler = EngineScheduler(
+            config, self._sample, kv_cache_events=kv_events is not None
+        )
+        self._kv_events = kv_events
         self._ids = itertools.count()
         self._steps = itertools.count()
         self._seeds: dict[str, int] = {}
@@ -176,4 +187,8 @@ class SimEngine:
             if out.finished:
                 request.finished_time = t
             result.tokens.append(TokenEvent(request, out.token_id, t, is_first, gap, out.finished))
+        if self._kv_events is not None:
+            events = self.scheduler.kv.take_events()
+            if events:
+                self._kv_events.publish(KVEventBatch(ts=time.time(), events=events))
         return result

@@ -118,10 +118,16 @@ class TokenOutput:
 class EngineScheduler:
     """Waiting and running requests of one engine, and the step plans over them."""
 
-    def __init__(self, config: SchedulerConfig, sample: TokenSampler) -> None:
+    def __init__(
+        self, config: SchedulerConfig, sample: TokenSampler, *, kv_cache_events: bool = False
+    ) -> None:
+        """``kv_cache_events``: record vLLM's KV-cache events (``self.kv.take_events()``)."""
         self.config = config
         self.kv = KVCacheManager(
-            config.num_gpu_blocks, config.block_size, config.enable_prefix_caching
+            config.num_gpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            enable_kv_cache_events=kv_cache_events,
         )
         self.waiting = create_request_queue(config.scheduling_policy)
         self.running: list[SimRequest] = []

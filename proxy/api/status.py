@@ -2,8 +2,11 @@
 
 The page is one self-contained HTML file shipped as package data
 (``proxy/api/static/status.html``: plain HTML, CSS and JavaScript, nothing fetched
-from elsewhere). In the browser it polls ``GET /turn`` and ``GET /turn/log``,
-relative to its own address, so it also works behind a path prefix.
+from elsewhere). In the browser it polls ``GET /turn``, ``GET /turn/log``,
+``GET /turn/history`` and ``GET /status/batches``, relative to its own address, so it
+also works behind a path prefix; and ``GET /metrics`` every two seconds for the
+prefix cache's hit rate since start (its counters are the proxy's metrics and
+nothing else keeps them), so no route of its own is needed for them.
 """
 
 from __future__ import annotations

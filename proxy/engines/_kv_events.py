@@ -317,7 +317,7 @@ class KVEventSubscriber:
                     self.replay_timeout_s,
                 )
         finally:
-            pass
+            dealer.close(linger=0)
         first = stop
         while first - 1 in got:
             first -= 1

@@ -370,7 +370,7 @@ class Scheduler:
             ready = engines if every else [e for e in engines if e.name in takes]
             if not ready:
                 return None
-            return by_cost(ready, job, self._least[job.model].least() if every else None)
+            return by_cost(ready, job)
         preferred = self._preferred(job)
         slack = self.settings.affinity_slack_tokens
         if every:
@@ -505,7 +505,7 @@ class Scheduler:
                 if best is None or e.rank < best.rank:
                     best = e
         if len(open_) > 1:
-            chosen, route = by_cost(open_, job, best)
+            chosen, route = by_cost(open_, job)
             return chosen, reason, route
         return best, reason, None
 

@@ -75,33 +75,34 @@ def with_affinity(
     return preferred if close else best
 
 
-def by_cost(
-    candidates: Sequence[EngineState], job: Job, least: EngineState | None = None
-) -> tuple[EngineState, Route]:
+def by_cost(candidates: Sequence[EngineState], job: Job) -> tuple[EngineState, Route]:
     """The candidate where ``job`` waits least for its first token, counting what
-    each holds of its prompt, and the receipt of the choice. ``least`` is the
-    candidate of least rank, where known (else found here).
+    each holds of its prompt, and the receipt of the choice.
 
     The expected wait on an engine is its prompt tokens in prefill plus the job's
-    uncached there; ties go to the lesser rank. Only engines holding the prompt's
-    first block can beat the least loaded one, so only they are matched further."""
-    best = least if least is not None else min(candidates, key=_RANK)
-    won, won_cached = best, best.cached_tokens(job, pending=True)
-    won_cost = best.rank[0] + job.prompt_tokens - won_cached
+    uncached there. Ties go to fewer jobs in flight, then to the emptier index (a
+    new prefix goes where the cache has the most room: sequential requests on an
+    idle fleet are spread, not all sent to the first engine), then to the name.
+    Only engines holding the prompt's first block are matched further."""
+    prompt, blocks = job.prompt_tokens, job.blocks
+    won: EngineState | None = None
+    won_key: tuple[int, int, int, str] | None = None
+    won_cached = 0
     held: list[tuple[str, int]] = []
-    if job.blocks:
-        for e in candidates:
-            if not e.prefix.holds_first(job.blocks):
-                continue
+    for e in candidates:
+        cached = 0
+        if e.prefix.holds_first(blocks):
             cached = e.cached_tokens(job, pending=True)
             held.append((e.name, cached))
-            cost = e.rank[0] + job.prompt_tokens - cached
-            if cost < won_cost or (cost == won_cost and e.rank < won.rank):
-                won, won_cached, won_cost = e, cached, cost
-    if not any(name == won.name for name, _ in held):
-        held.append((won.name, won_cached))
+        rank = e.rank
+        key = (rank[0] + prompt - cached, rank[1], len(e.prefix), e.name)
+        if won_key is None or key < won_key:
+            won, won_key, won_cached = e, key, cached
+    assert won is not None and won_key is not None, "no candidate"
+    if won_cached == 0:
+        held.append((won.name, 0))
     why = "prefix" if won_cached > 0 else "load"
-    return won, Route(why, tuple(held), won_cost)
+    return won, Route(why, tuple(held), won_key[0])
 
 
 class LeastRank:

@@ -13,6 +13,10 @@
   budget at its floor says which signal cut it.
 - The batch section, from the real :func:`~proxy.batch.view.job_row` of three
   jobs: one on time, one whose window is out of reach, one still validating.
+- The prefix cache, against a real simulated engine that reports its cached tokens
+  and the real proxy: two batch prompts that open with one document, and the card
+  shows the index the proxy kept from what it routed and the hit rate its
+  ``/metrics`` counts.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from playwright.sync_api import Page, Route
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admission import Admission
 from proxy.api.status import install_status_route
@@ -39,7 +45,7 @@ from proxy.batch.store import BatchRecord, BatchStore
 from proxy.batch.view import job_row
 from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig, EngineConfig
-from proxy.metrics import BatchMetrics
+from proxy.metrics import BatchMetrics, ProxyMetrics
 from proxy.scheduler import Job, Scheduler, TrafficClass
 from tests.support import MODEL
 from tests.support.children import logged_proxy, logged_sim
@@ -321,10 +327,11 @@ def open_status_page(
     page: Page, reads: Callable[[str], Any], offline: threading.Event | None = None
 ) -> list[str]:
     """Open the real status page at :data:`ORIGIN`, each of its reads (a path with its
-    query) answered with the JSON ``reads(path)`` gives, refused where that is
-    ``None``; while ``offline`` is set, every read but the page itself is refused.
-    Returns the list of the refused paths and of requests to other origins, which
-    stays empty while the page reads only what it should (it is self-contained)."""
+    query) answered with the JSON ``reads(path)`` gives (Prometheus text where that is
+    a string), refused where that is ``None``; while ``offline`` is set, every read
+    but the page itself is refused. Returns the list of the refused paths and of
+    requests to other origins, which stays empty while the page reads only what it
+    should (it is self-contained)."""
     app = FastAPI()
     install_status_route(app)
     status = TestClient(app).get("/status")
@@ -339,7 +346,9 @@ def open_status_page(
             route.fulfill(status=200, headers=dict(status.headers), body=status.content)
         elif offline is not None and offline.is_set():
             route.abort("connectionrefused")
-        elif (body := reads(path)) is not None:
+        elif isinstance(body := reads(path), str):
+            route.fulfill(body=body, content_type=CONTENT_TYPE_LATEST)
+        elif body is not None:
             route.fulfill(json=body)
         else:
             strays.append(path)
@@ -351,10 +360,14 @@ def open_status_page(
 
 
 def proxy_reads(scheduler: Scheduler) -> Callable[[str], Any]:
-    """The proxy's answers to the page's reads, from ``scheduler`` (no batch jobs)."""
+    """The proxy's answers to the page's reads, from ``scheduler`` (no batch jobs;
+    ``/metrics`` from the proxy's registry on it, no answer served)."""
     admission = Admission(scheduler)
+    metrics = ProxyMetrics(scheduler, 0.3)
 
     def read(path: str) -> Any:
+        if path == "/metrics":
+            return generate_latest(metrics.registry).decode()
         if path == "/status/batches":
             return {"enabled": False, "jobs": []}
         if path.startswith("/turn/log"):
@@ -388,6 +401,15 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     assert {c[0]: (c[1], c[2]) for c in cards} == expected
     assert "by the prefill budget" in page.inner_text('[data-engine="engine-b"] .held')
     assert page.inner_text('[data-engine="engine-c"] .health') == "down"
+    index = page.locator('[data-engine="engine-a"] .prefix-index')
+    assert (index.get_attribute("data-mode"), index.get_attribute("data-blocks")) == ("routed", "0")
+    page.wait_for_function(  # a function, not an expression: the page's CSP forbids eval
+        "sel => document.querySelector(sel).textContent.startsWith('hit rate:')",
+        arg='[data-engine="engine-a"] .prefix-hits',
+    )
+    hits = page.locator('[data-engine="engine-a"] .prefix-hits')
+    assert hits.inner_text() == "hit rate: no answer has reported its cached tokens yet"
+    assert hits.get_attribute("data-rate") == ""
     page.wait_for_selector("#log tbody tr")
 
     offline.set()
@@ -550,3 +572,60 @@ def test_status_page_shows_batch_jobs_and_a_window_out_of_reach(page: Page) -> N
     ]
     assert "after the window" in page.inner_text('tr[data-batch="batch_slow"] .eta')
     assert "after the window" not in page.inner_text('tr[data-batch="batch_fast"] .eta')
+
+
+# -- the prefix cache ---------------------------------------------------------------
+
+
+def prefix_counts(exposition: str, engine: str) -> dict[str, float]:
+    """``engine``'s prefix-cache counters in the proxy's ``/metrics`` text: its prompt
+    tokens and the cached tokens reported and expected."""
+    counts = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.labels.get("engine") != engine:
+                continue
+            if sample.name == "whoseturn_prefix_prompt_tokens_total":
+                counts["prompt"] = sample.value
+            elif sample.name == "whoseturn_prefix_cached_tokens_total":
+                counts[sample.labels["source"]] = sample.value
+    return counts
+
+
+def test_status_page_shows_the_prefix_index_and_hit_rate(
+    page: Page, tmp_path: Path, artifacts: Path
+) -> None:
+    flags = ["--time-scale", "20", "--enable-prompt-tokens-details"]
+    with run_stack(tmp_path, artifacts / "browser", flags, PROXY_OPTIONS) as stack:
+        document = text("doc", 600)
+        with httpx.Client(base_url=stack.proxy_url, timeout=30) as http:
+            for i in range(2):  # one after the other: the second finds the first's document
+                body = {"model": MODEL, "prompt": f"{document} question{i}", "max_tokens": 4}
+                answer = http.post("/batch/v1/completions", json=body)
+                assert answer.status_code == 200, answer.text
+            counts = prefix_counts(http.get("/metrics").text, stack.engine)
+            index = http.get("/turn").json()["engines"][0]["prefix_index"]
+        prompt, reported, expected = counts["prompt"], counts["reported"], counts["expected"]
+        assert 0 < reported < prompt and 0 < expected < prompt, counts
+        assert index["mode"] == "routed" and index["blocks"] > 0, index
+
+        page.goto(f"{stack.proxy_url}/status")
+        card = f'[data-engine="{stack.engine}"]'
+        page.wait_for_function(  # a function, not an expression: the page's CSP forbids eval
+            "sel => document.querySelector(sel)?.dataset.rate > ''",
+            arg=f"{card} .prefix-hits",
+            timeout=5000,
+        )
+        hits = page.locator(f"{card} .prefix-hits")
+        assert float(hits.get_attribute("data-rate") or "nan") == reported / prompt
+        shown = hits.inner_text()
+        start = f"hit rate since start: {100 * reported / prompt:.1f}% of {prompt:,.0f} prompt"
+        assert shown.startswith(start), (shown, counts)
+        assert f"the index expected {100 * expected / prompt:.1f}%" in shown, (shown, counts)
+        shown_index = page.locator(f"{card} .prefix-index")
+        assert shown_index.get_attribute("data-mode") == "routed"
+        assert shown_index.get_attribute("data-blocks") == str(index["blocks"])
+        assert f"{index['blocks']:,} blocks of {index['block_size']} tokens" in (
+            shown_index.inner_text()
+        )
+        page.screenshot(path=str(artifacts / "status-prefix.png"), full_page=True)

@@ -11,6 +11,12 @@ them. Logs go to ``artifacts/prometheus/``.
 The proxy has the Batch API on, and a Batch API job (``BATCH_JOB_LINES`` short
 lines, half of them asking for JSON output) runs through the load and after it, so
 the batch panels (jobs, records, valid ratio, the estimate) have series to show.
+
+The engine reports the prompt tokens its prefix cache held (``usage``'s
+``prompt_tokens_details.cached_tokens``, as vLLM does with
+``--enable-prompt-tokens-details``), and the long batch prompts open with one shared
+document (``DOCUMENT_WORDS`` words) before their own text, so the prefix-cache panels
+show hits, both those the proxy's index expected and those the engine reported.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ ENGINE = "engine-a"
 TIME_SCALE = 20.0
 LOAD_S = 6.0
 BATCH_JOB_LINES = 20_000  # outlasts the test: the estimate exists while a job runs
+DOCUMENT_WORDS = 1000  # the batch prompts' shared opening: prefix-cache hits
 INTERVAL = "1s"
 
 
@@ -93,7 +100,9 @@ def answers(url: str, path: str) -> bool:
 @contextmanager
 def run_sim() -> Iterator[str]:
     port = free_port()
-    command = sim_command("--port", str(port), "--time-scale", str(TIME_SCALE))
+    command = sim_command(
+        "--port", str(port), "--time-scale", str(TIME_SCALE), "--enable-prompt-tokens-details"
+    )
     with logged_child("sim", command, ARTIFACTS, cwd=ROOT) as sim:
         url = loopback_url(port)
         wait_until("whoseturn sim answering /health", lambda: answers(url, "/health"), 30, sim)
@@ -243,10 +252,12 @@ def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
 
 
 def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
-    """Long-prompt batch requests on /batch/v1, completions and chat in turn."""
+    """Long-prompt batch requests on /batch/v1, completions and chat in turn, each
+    a shared document and then its own 500 words."""
+    document = " ".join(f"doc{i}" for i in range(DOCUMENT_WORDS))
 
     def send(http: httpx.Client, n: int) -> None:
-        text = " ".join(f"b{seed}x{n}x{i}" for i in range(1500))
+        text = document + " " + " ".join(f"b{seed}x{n}x{i}" for i in range(500))
         if n % 2:
             path = "/batch/v1/completions"
             body: dict[str, Any] = {"model": MODEL, "prompt": text, "max_tokens": 8}

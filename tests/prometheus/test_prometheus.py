@@ -228,6 +228,27 @@ def test_the_load_was_mixed_and_scraped(live: Live) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_the_prefix_cache_panels_have_hits_to_show(live: Live) -> None:
+    """The batch prompts' shared document: the engine reported part of their prompt
+    tokens cached, the proxy's index (kept from what it routed) expected some of
+    them, and holds blocks; both reasons for a route have a series."""
+
+    def value(expr: str) -> float:
+        (sample,) = live.prometheus.result(expr)
+        return float(sample["value"][1])
+
+    cached = f'whoseturn_prefix_cached_tokens_total{{engine="{ENGINE}", source="%s"}}'
+    prompt = value(f'whoseturn_prefix_prompt_tokens_total{{engine="{ENGINE}"}}')
+    reported, expected = value(cached % "reported"), value(cached % "expected")
+    assert 0 < reported < prompt, (reported, prompt)
+    assert 0 < expected < prompt, (expected, prompt)
+    blocks = live.prometheus.result(f'whoseturn_prefix_index_blocks{{engine="{ENGINE}"}}')
+    assert [(b["metric"]["mode"], float(b["value"][1]) > 0) for b in blocks] == [("routed", True)]
+    routes = live.prometheus.result("whoseturn_route_decisions_total")
+    assert sorted(r["metric"]["why"] for r in routes) == ["load", "prefix"]
+
+
+@pytest.mark.timeout(120)
 def test_dashboard_variables_offer_the_servers(live: Live, variables: dict[str, str]) -> None:
     assert variables["engine"] == ENGINE
     assert variables["model"] == MODEL

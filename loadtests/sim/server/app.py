@@ -1,10 +1,11 @@
 """The simulated engine's HTTP server: vLLM's OpenAI-compatible routes and lifecycle.
 
 :func:`create_sim_app` builds nothing but the routes; the engine, its clock, the
-metrics registry, the driver task and the request log (``--request-log``, if given)
-are made in the lifespan from the settings and kept in one :class:`SimState`. On
-shutdown (after uvicorn has drained the open requests) whatever is still in the
-engine is aborted and the driver is cancelled.
+metrics registry, the driver task, the request log (``--request-log``, if given) and
+the KV-event publisher (``--kv-events-config``, if enabled) are made in the lifespan
+from the settings and kept in one :class:`SimState`. On shutdown (after uvicorn has
+drained the open requests) whatever is still in the engine is aborted, the driver is
+cancelled and the publisher sends what it has queued and closes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from loadtests.sim.kv_events import EventPublisher, create_publisher
 from loadtests.sim.server.errors import bad_request, install_error_handlers, model_not_found
 from loadtests.sim.server.inputs import chat_prompt_ids, completion_prompt_ids, engine_input
 from loadtests.sim.server.loop import StepDriver
@@ -68,15 +70,17 @@ class SimState:
     created: int = field(default_factory=lambda: int(time.time()))
     driver_task: asyncio.Task[None] | None = None
     request_log: RequestLog | None = None
+    kv_events: EventPublisher | None = None
 
     @classmethod
     def build(cls, settings: SimSettings) -> SimState:
         clock = WallClock(settings.time_scale)
-        engine = SimEngine(settings.scheduler, settings.profile.step, clock)
+        kv_events = create_publisher(settings.kv_events)
+        engine = SimEngine(settings.scheduler, settings.profile.step, clock, kv_events=kv_events)
         metrics = SimMetrics(settings.served_model_name, settings.scheduler)
         metrics.update_gauges(engine)
         driver = StepDriver(engine, clock, metrics)
-        return cls(settings, clock, engine, metrics, driver)
+        return cls(settings, clock, engine, metrics, driver, kv_events=kv_events)
 
     @property
     def model(self) -> str:
@@ -227,6 +231,8 @@ async def _lifespan(app: FastAPI, settings: SimSettings) -> AsyncIterator[None]:
         await asyncio.wait({task})
         if state.request_log is not None:
             state.request_log.close()
+        if state.kv_events is not None:
+            state.kv_events.shutdown()
 
 
 def _lifespan_for(settings: SimSettings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
