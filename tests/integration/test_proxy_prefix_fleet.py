@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from loadtests.support.processes import free_port
 from tests.support import MODEL
 from tests.support.children import logged_proxy, logged_sim
+from tests.support.conversations import converse, hits_and_queries
 
 pytestmark = pytest.mark.integration
 
@@ -77,44 +77,11 @@ def fleet(tmp: Path, route_by: str) -> Iterator[tuple[str, list[str]]]:
         yield proxy, urls
 
 
-def hits_and_queries(urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
-    for url in urls:
-        for line in httpx.get(f"{url}/metrics").text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
-
-
-def converse(proxy: str) -> list[dict[str, Any]]:
-    """The conversations at once, each turn after the last one's answer, each
-    resending its history. The answers' usage."""
-
-    def one(c: int) -> list[dict[str, Any]]:
-        history = [{"role": "system", "content": f"You are assistant {c}. " + "Be brief. " * 60}]
-        usages = []
-        with httpx.Client(base_url=proxy, timeout=60) as client:
-            for turn in range(TURNS):
-                history.append({"role": "user", "content": f"Question {turn} of chat {c}? " * 8})
-                body = {"model": MODEL, "messages": history, "max_tokens": 8}
-                answer = client.post("/v1/chat/completions", json=body)
-                assert answer.status_code == 200, answer.text
-                data = answer.json()
-                usages.append(data["usage"])
-                history.append(data["choices"][0]["message"])
-        return usages
-
-    with ThreadPoolExecutor(CONVERSATIONS) as pool:
-        return [u for usages in pool.map(one, range(CONVERSATIONS)) for u in usages]
-
-
 def test_conversations_stay_where_their_history_is_cached(tmp_path: Path) -> None:
     rates: dict[str, float] = {}
     for route_by in ("load", "prefix"):
         with fleet(tmp_path, route_by) as (proxy, urls):
-            usages = converse(proxy)
+            usages = converse(proxy, MODEL, conversations=CONVERSATIONS, turns=TURNS)
             hits, queries = hits_and_queries(urls)
             rates[route_by] = hits / queries
             reported = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
