@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench bench-fleet router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -23,6 +23,7 @@ help:
 	@echo "make test-e2e      the real-vLLM tier: builds .venv-vllm and the tiny model once, runs tests/e2e"
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make bench         what the proxy costs: direct, nginx, vllm-router and whoseturn side by side (a few min)"
+	@echo "make bench-fleet   routing by prefix cache across fleets of 4 and 16 simulated engines: vllm-router and whoseturn arms, three workloads (~15 min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 	@echo "make first-burst   the first batch burst beside live chat on real vLLM, fresh and again, FCFS vs the proxy (~10 min)"
 	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
@@ -61,6 +62,13 @@ bench: $(STAMP) $(ROUTER_STAMP)
 	@command -v nginx >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nginx; }
 	$(BIN)/python -m loadtests.bench.overhead --levels $(LEVELS) --prompt-chars $(PROMPT_CHARS)
 
+# The fleet benchmark (docs/fleet.md): fleets of simulated engines behind vLLM's router
+# (round_robin, cache_aware, kv_aware; from .venv-router, as `bench`) and whoseturn (by
+# load, by prefix), three workloads; it writes its tables into docs/fleet.md.
+# FLEET_ARGS: more options, e.g. --engines 4 --duration-s 10 --repeat 1.
+bench-fleet: $(STAMP) $(ROUTER_STAMP)
+	$(BIN)/python -m loadtests.bench.fleet $(FLEET_ARGS)
+
 test: $(STAMP) system-deps $(ROUTER_STAMP)
 	$(BIN)/pytest
 
@@ -94,7 +102,7 @@ vllm-venv: $(VLLM_STAMP)
 
 tiny-model: $(MODEL_STAMP)
 
-test-e2e: $(STAMP) $(MODEL_STAMP)
+test-e2e: $(STAMP) $(MODEL_STAMP) $(ROUTER_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
 	  $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
 

@@ -287,6 +287,11 @@ class Admission:
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()
 
+    def least_uncached(self, model: str, tokens: int, blocks: tuple[int, ...]) -> int:
+        """The fewest of a prompt's ``tokens`` (of ``blocks``) an up engine serving
+        ``model`` would compute: the rest it holds or is computing now."""
+        return self._scheduler.least_uncached(model, tokens, blocks)
+
     def block_size_for(self, model: str) -> int | None:
         """The block size ``model``'s prompts are hashed at for the prefix index."""
         return self._scheduler.block_size_for(model)

@@ -223,7 +223,7 @@ class Forwarder:
             id=ticket.id, cls=req.cls, model=req.model, prompt_tokens=final.tokens,
             arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
             piece=final.piece, abortable=self._abortable(req.cls, final, whole_by_choice),
-            blocks=ticket.count.blocks if not final.piece else (),
+            blocks=ticket.count.blocks, prefix_tokens=ticket.count.tokens - final.tokens,
         )  # fmt: skip
         if job.abortable:
             cost = self.piece_sender.cost(final.engine)

@@ -73,6 +73,7 @@ from proxy.scheduler.pieces import (
     next_piece,
     pace_s,
 )
+from proxy.scheduler.prefix import chain
 
 logger = logging.getLogger(__name__)
 PIECE_TIMEOUT_S = 120.0
@@ -238,8 +239,14 @@ class PieceSender:
             if name not in self._discovered and self.board[name].mode is not PiecingMode.OFF:
                 await self._discover(name, self.board[name])
         enabled = [name for name in up if self.board[name].enabled]
-        if not enabled or ticket.count.tokens <= self._first_size(enabled):
+        if not enabled:
             return None
+        first = self._first_size(enabled)
+        if ticket.count.tokens <= first:
+            return None
+        count = ticket.count
+        if self.admission.least_uncached(ticket.req.model, count.tokens, count.blocks) <= first:
+            return None  # an engine holds (or is computing) all but a piece of it
         return up
 
     def wanted(self, ticket: Ticket, up: list[str]) -> bool:
@@ -353,10 +360,12 @@ class PieceSender:
 
     def _job(self, run: _Run, piece: Piece) -> Job:
         req = run.ticket.req
+        size = self.admission.block_size_for(req.model)
+        blocks = chain(run.pieced.ids[: piece.end], size) if size else ()
         return Job(
             id=f"{run.ticket.id}#{piece.index}", cls=req.cls, model=req.model,
             prompt_tokens=piece.new_tokens, arrival=run.ticket.arrival, pinned=run.engine,
-            piece=piece.index,
+            piece=piece.index, blocks=blocks, prefix_tokens=piece.cached,
         )  # fmt: skip
 
     def _after(self, run: _Run, piece: Piece) -> Piece:

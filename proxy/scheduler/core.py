@@ -112,6 +112,11 @@ class SchedulerSettings:
     hold: HoldRules = dataclasses.field(default_factory=HoldRules)
 
 
+# a batch job waits for its prefix being computed on an engine when that is at least
+# this many blocks more than any engine holds (16 of 16 tokens: 256 tokens)
+PREFIX_WAIT_BLOCKS = 16
+
+
 class UnknownModel(LookupError):
     """No engine serves the job's model."""
 
@@ -440,6 +445,9 @@ class Scheduler:
             if picked is None:
                 break
             job, model = picked
+            if job.blocks and self._prefix_coming(job):
+                kept[model] += 1  # waits for its prefix, holding no engine
+                continue
             excluded = job.excluded
             first = self._first_unblocked(model, blocked, excluded)
             if first is None:
@@ -460,6 +468,21 @@ class Scheduler:
                 names = self._names_by_model[model]
                 blocked |= names - excluded if excluded else names
         return out
+
+    def _prefix_coming(self, job: Job) -> bool:
+        """Whether more of batch job ``job``'s prompt is being computed on an engine
+        now than any engine holds (by at least ``PREFIX_WAIT_BLOCKS``): sent now, it
+        would compute that part again beside the prompt computing it; a moment
+        later it finds it cached (routing by prefix only; chat never waits)."""
+        if self.settings.route_by != "prefix":
+            return False
+        blocks = job.blocks
+        ready = coming = 0
+        for e in self._by_model.get(job.model, ()):
+            if e.up and not e.draining and e.prefix.holds_first(blocks):
+                coming = max(coming, e.prefix.match(blocks, pending=True))
+                ready = max(ready, e.prefix.match(blocks))
+        return coming - ready >= PREFIX_WAIT_BLOCKS
 
     def _first_unblocked(
         self, model: str, blocked: set[str], excluded: set[str]
@@ -505,7 +528,7 @@ class Scheduler:
                 if best is None or e.rank < best.rank:
                     best = e
         if len(open_) > 1:
-            chosen, route = by_cost(open_, job)
+            chosen, route = by_cost(open_, job, compute_first=True)
             return chosen, reason, route
         return best, reason, None
 
@@ -723,6 +746,17 @@ class Scheduler:
         if engine is not None and engine.prefix.mode is not IndexMode.EVENTS:
             engine.prefix.mode = IndexMode.EVENTS
             engine.prefix.clear()
+
+    def least_uncached(self, model: str, tokens: int, blocks: tuple[int, ...]) -> int:
+        """The fewest of a prompt's ``tokens`` (of ``blocks``) an up engine serving
+        ``model`` would compute, counting blocks being computed there (a read)."""
+        if not blocks:
+            return tokens
+        held = 0
+        for e in self._by_model.get(model, ()):
+            if e.up and not e.draining and e.prefix.holds_first(blocks):
+                held = max(held, e.prefix.match(blocks, pending=True) * e.prefix.block_size)
+        return tokens - min(held, tokens - 1)
 
     def block_size_for(self, model: str) -> int | None:
         """The block size prompts of ``model`` are hashed at (its first engine's);

@@ -145,9 +145,16 @@ class PrefixIndex:
             pending[block] = pending.get(block, 0) + 1
 
     def prefilled(self, blocks: Sequence[int]) -> None:
-        """That prompt's prefill is done: its blocks are cached (routed: held now)."""
+        """That prompt's prefill is done: its blocks are cached, so they are held now
+        (kept from events too: the engine's events for them may come after its
+        first token does, and a prompt routed in between must find them; the
+        event names them, and a later removal drops them)."""
         self._unsent(blocks)
-        self.routed(blocks)
+        held = self._blocks
+        for block in blocks:
+            held[block] = None
+            held.move_to_end(block)
+        self._age()
 
     def dropped(self, blocks: Sequence[int]) -> None:
         """That prompt left before its prefill was done (failed, aborted, cancelled)."""

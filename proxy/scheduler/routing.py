@@ -75,7 +75,9 @@ def with_affinity(
     return preferred if close else best
 
 
-def by_cost(candidates: Sequence[EngineState], job: Job) -> tuple[EngineState, Route]:
+def by_cost(
+    candidates: Sequence[EngineState], job: Job, compute_first: bool = False
+) -> tuple[EngineState, Route]:
     """The candidate where ``job`` waits least for its first token, counting what
     each holds of its prompt, and the receipt of the choice.
 
@@ -83,10 +85,14 @@ def by_cost(candidates: Sequence[EngineState], job: Job) -> tuple[EngineState, R
     uncached there. Ties go to fewer jobs in flight, then to the emptier index (a
     new prefix goes where the cache has the most room: sequential requests on an
     idle fleet are spread, not all sent to the first engine), then to the name.
-    Only engines holding the prompt's first block are matched further."""
+    Only engines holding the prompt's first block are matched further.
+
+    ``compute_first`` (batch: its engines are those whose budget takes it now, and
+    what counts is the work done, not one answer's wait) ranks by the uncached
+    tokens first, then by the expected wait."""
     prompt, blocks = job.prompt_tokens, job.blocks
     won: EngineState | None = None
-    won_key: tuple[int, int, int, str] | None = None
+    won_key: tuple[int, int, int, int, str] | None = None
     won_cached = 0
     held: list[tuple[str, int]] = []
     for e in candidates:
@@ -95,14 +101,16 @@ def by_cost(candidates: Sequence[EngineState], job: Job) -> tuple[EngineState, R
             cached = e.cached_tokens(job, pending=True)
             held.append((e.name, cached))
         rank = e.rank
-        key = (rank[0] + prompt - cached, rank[1], len(e.prefix), e.name)
+        wait = rank[0] + prompt - cached
+        first = prompt - cached if compute_first else wait
+        key = (first, wait, rank[1], len(e.prefix), e.name)
         if won_key is None or key < won_key:
             won, won_key, won_cached = e, key, cached
     assert won is not None and won_key is not None, "no candidate"
     if won_cached == 0:
         held.append((won.name, 0))
     why = "prefix" if won_cached > 0 else "load"
-    return won, Route(why, tuple(held), won_key[0])
+    return won, Route(why, tuple(held), won_key[1])
 
 
 class LeastRank:

@@ -142,7 +142,7 @@ class EngineState:
         if not job.blocks:
             return 0
         hit = self.prefix.match(job.blocks, pending) * self.prefix.block_size
-        return max(0, min(hit, job.prompt_tokens - 1))
+        return max(0, min(hit - job.prefix_tokens, job.prompt_tokens - 1))
 
     def serves(self, model: str) -> bool:
         return model in self.settings.models

@@ -99,9 +99,13 @@ class Job:
     abortable: bool = False  # batch: may be aborted in prefill and requeued (aborts.py)
     prefill_s: float | None = None  # batch: its expected engine prefill time, where known
     aborts: int = 0  # times it was aborted in prefill and requeued
-    # the prompt's block hashes (proxy.scheduler.prefix.chain; empty: not tokenized)
+    # the block hashes of the prompt sent (proxy.scheduler.prefix.chain; empty: not
+    # tokenized), and how many of its first tokens are not its own to compute (a piece's
+    # or a pieced prompt's: the earlier pieces', cached by then); ``prompt_tokens`` are
+    # the rest
     blocks: tuple[int, ...] = ()
-    cached_tokens: int = 0  # in flight: its prompt tokens its engine was expected to hold
+    prefix_tokens: int = 0
+    cached_tokens: int = 0  # in flight: of its prompt tokens, those its engine was expected to hold
 
     @property
     def uncached_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,6 +32,7 @@ from .helpers import (
     completion_chunk,
     completion_events,
     delta,
+    fake_token_ids,
     sse,
     stream_response,
     text,
@@ -93,7 +95,7 @@ class CachingEngines(FakeEngines):
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/tokenize":
             self.calls.append(Call("a", "/tokenize", None))
-            ids = list(range(self.token_count))
+            ids = fake_token_ids(json.loads(request.content), self.token_count)
             return httpx.Response(200, json={"count": len(ids), "tokens": ids})
         if request.url.path == "/metrics":
             hits = HITS % self.hits if self.export_hits else ""
@@ -289,7 +291,9 @@ async def test_auto_pieces_only_after_chat_missed_its_aim_on_the_engine() -> Non
         budget.update(now + budget.settings.interval_s, batch_waiting=False)
         assert budget.missed_at is not None
         assert facts((await client.get("/turn")).json())["piecing_now"] is True
-        assert (await post(client)).status_code == 200
+        # another prompt: the first is in the engine's prefix cache now, and would go
+        # whole for that (a test of its own below)
+        assert (await post(client, PROMPT + " again")).status_code == 200
         assert engines.pieces()[:1] == [512] and len(engines.whole()) == 2
 
 
@@ -414,7 +418,8 @@ async def test_a_chat_that_comes_while_a_prompt_waits_turns_it_into_pieces() -> 
         async with anyio.create_task_group() as group:
             group.start_soon(post, client)
             await wait_until(lambda: whole == 1, timeout_s=5)
-            group.start_soon(post, client)  # waits in the proxy: the budget is full
+            # another prompt (the same one would wait for the first's cache instead)
+            group.start_soon(post, client, PROMPT + " too")  # waits: the budget is full
             await wait_until(lambda: len(state.scheduler.queues[TrafficClass.BATCH]) == 1)
             assert engines.pieces() == []  # no chat yet: the first went whole
             chat = {"model": "m", "messages": MESSAGES, "max_tokens": 3}
@@ -485,11 +490,26 @@ async def test_every_piece_ends_on_a_block_boundary_of_the_engine_it_goes_to() -
         running(engines.settings(engines=configs), engines) as (client, _),
         anyio.create_task_group() as group,
     ):
-        for _ in range(2):  # two at once: the first pieces go to both engines
-            group.start_soon(post, client)
+        for i in range(2):  # two prompts at once: the first pieces go to both engines
+            group.start_soon(post, client, f"{PROMPT} {i}")
     pieces = [c for c in engines.seen(COMPLETIONS) if isinstance(c.body["prompt"], list)]
     assert {c.engine for c in pieces} == {"a", "b"}
     # the first piece is not pinned: 500 tokens end on a block of either engine (480)
     assert sorted(len(c.body["prompt"]) for c in pieces)[:2] == [480, 480]
     for c in pieces:
         assert len(c.body["prompt"]) % engines.blocks[c.engine] == 0, c
+
+
+async def test_a_prompt_its_engine_holds_goes_whole_there() -> None:
+    """Piecing is for prompts the engine must compute: once a prompt's pieces and
+    its request ran, the same prompt again is held in the engine's prefix cache (as
+    the proxy's index knows), so it goes whole."""
+    engines = CachingEngines()
+    async with running(settings(engines, "on"), engines) as (client, _):
+        assert (await post(client)).status_code == 200
+        pieces = engines.pieces()
+        assert pieces[:1] == [512] and len(engines.whole()) == 1
+        assert (await post(client)).status_code == 200
+        assert engines.pieces() == pieces and len(engines.whole()) == 2
+        assert (await post(client, PROMPT + " and more")).status_code == 200
+        assert len(engines.pieces()) > len(pieces)  # another prompt is pieced again

@@ -178,16 +178,28 @@ def test_cached_prefix_lines_are_admitted_at_once_where_uncached_ones_are_held()
     assert n == 2 and len(held) == 2 and held[0] is HeldReason.PREFILL_BUDGET
 
 
-def test_lines_beside_one_still_in_prefill_are_charged_in_full() -> None:
+def test_lines_whose_document_is_in_prefill_wait_for_it_then_go_for_their_own_part() -> None:
     """Blocks being computed are not cached yet: a line sent beside the one computing
-    them computes them too, and is charged for them."""
-    s, _ = make(engine("a", budget={"initial_tokens": 2000, "min_tokens": 512}))
+    them would compute them again. It waits (holding no engine: a line of another
+    document goes meanwhile), then goes charged only its own part."""
+    s, _ = make(engine("a", budget={"initial_tokens": 4000, "min_tokens": 512}))
     doc = tokens(7, 960)
     lines = [prompt_job(B, doc + tokens(q, 40)) for q in range(3)]
+    other = prompt_job(B, tokens(8, 500))
+    for line in [*lines, other]:
+        s.submit(line)
+    assert sent(s) == {lines[0].id: "a", other.id: "a"}
+    assert lines[0].cached_tokens == 0 and lines[1].held is None
+    s.on_first_token(lines[0].id)  # its prefill is done: the document is cached
+    assert sent(s) == {lines[1].id: "a", lines[2].id: "a"}
+    assert [line.cached_tokens for line in lines[1:]] == [960, 960]
+    check_accounting(s)
+
+
+def test_route_by_load_does_not_wait_for_a_prefix() -> None:
+    s, _ = make(engine("a", budget={"initial_tokens": 4000, "min_tokens": 512}), route_by="load")
+    doc = tokens(7, 960)
+    lines = [prompt_job(B, doc + tokens(q, 40)) for q in range(2)]
     for line in lines:
         s.submit(line)
     assert len(sent(s)) == 2
-    assert [line.cached_tokens for line in lines[:2]] == [0, 0]
-    s.on_first_token(lines[0].id)  # its prefill is done: the document is cached
-    assert lines[2].id in sent(s)
-    assert lines[2].cached_tokens == 960
