@@ -82,9 +82,12 @@ def by_cost(
     each holds of its prompt, and the receipt of the choice.
 
     The expected wait on an engine is its prompt tokens in prefill plus the job's
-    uncached there. Ties go to fewer jobs in flight, then to the emptier index (a
-    new prefix goes where the cache has the most room: sequential requests on an
-    idle fleet are spread, not all sent to the first engine), then to the name.
+    uncached there. Ties go to the engine holding more of the prompt (an engine
+    computing the prompt's prefix now: its wait counts that prefill, and a prompt
+    sent behind it finds it cached, where another engine would compute it again),
+    then to fewer jobs in flight, then to the emptier index (a new prefix goes
+    where the cache has the most room: sequential requests on an idle fleet are
+    spread, not all sent to the first engine), then to the name.
     Only engines holding the prompt's first block are matched further.
 
     ``compute_first`` (batch: its engines are those whose budget takes it now, and
@@ -92,7 +95,7 @@ def by_cost(
     tokens first, then by the expected wait."""
     prompt, blocks = job.prompt_tokens, job.blocks
     won: EngineState | None = None
-    won_key: tuple[int, int, int, int, str] | None = None
+    won_key: tuple[int, int, int, int, int, str] | None = None
     won_cached = 0
     held: list[tuple[str, int]] = []
     for e in candidates:
@@ -103,7 +106,7 @@ def by_cost(
         rank = e.rank
         wait = rank[0] + prompt - cached
         first = prompt - cached if compute_first else wait
-        key = (first, wait, rank[1], len(e.prefix), e.name)
+        key = (first, wait, -cached, rank[1], len(e.prefix), e.name)
         if won_key is None or key < won_key:
             won, won_key, won_cached = e, key, cached
     assert won is not None and won_key is not None, "no candidate"
