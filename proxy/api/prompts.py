@@ -28,6 +28,8 @@ from proxy.scheduler import TrafficClass
 from proxy.scheduler.prefix import chain
 
 logger = logging.getLogger(__name__)
+# the longest a chat waits for its token ids (0.6-4 ms measured: docs/fleet.md)
+CHAT_TOKENIZE_S = 0.25
 
 
 class TokenEstimator:
@@ -121,9 +123,12 @@ class PromptCounter:
                 if req.messages is not None:
                     return await client.count_tokens(req.model, messages=req.messages)
                 return await client.count_tokens(req.model, prompt=req.prompt)
+            # a chat waits for it before its turn: bounded, so that a hung engine
+            # costs it a moment (estimated, routed without blocks), not seconds
+            limit = CHAT_TOKENIZE_S if req.cls is TrafficClass.INTERACTIVE else None
             if req.messages is not None:
-                return await client.token_ids(req.model, messages=req.messages)
-            return await client.token_ids(req.model, prompt=req.prompt)
+                return await client.token_ids(req.model, messages=req.messages, timeout_s=limit)
+            return await client.token_ids(req.model, prompt=req.prompt, timeout_s=limit)
         except (UpstreamError, ValueError) as exc:
             # A malformed prompt is the engine's to reject; count it roughly. The
             # client's doing (a 4xx, a bad shape) is no warning: any client could

@@ -127,10 +127,16 @@ class EngineClient:
             raise self._bad("/metrics", exc) from exc
 
     async def token_ids(
-        self, model: str, *, prompt: str | None = None, messages: list[Any] | None = None
+        self,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: list[Any] | None = None,
+        timeout_s: float | None = None,
     ) -> list[int]:
         """The token ids ``POST /tokenize`` makes of ``prompt`` or ``messages``
-        (exactly one; messages through the engine's chat template)."""
+        (exactly one; messages through the engine's chat template); within
+        ``timeout_s`` if given (else the control calls' limit)."""
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt and messages")
         body = (
@@ -138,7 +144,12 @@ class EngineClient:
             if prompt is None
             else {"model": model, "prompt": prompt}
         )
-        data = await self._call_json("POST", "/tokenize", body)
+        limits = None if timeout_s is None else self._timeout(timeout_s)
+        response = await self._call("POST", "/tokenize", body, limits)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise self._bad("/tokenize", exc) from exc
         ids = data.get("tokens") if isinstance(data, dict) else None
         if not _is_token_ids(ids):
             raise EngineBadResponse(self.name, "/tokenize: no token ids in the answer")
