@@ -58,6 +58,7 @@ from proxy.clock import Clock
 from proxy.config import EngineConfig
 from proxy.engines import EngineClient, EnginePool, UpstreamError
 from proxy.metrics import PieceMetrics
+from proxy.openai.answers import cached_tokens
 from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.pieces import (
     ADVICE,
@@ -524,7 +525,7 @@ class PieceSender:
                     for event in reader.feed(chunk):
                         if event.data is not None and isinstance(event.data.get("usage"), dict):
                             usage = event.data["usage"]
-        return _cached(usage), sent
+        return cached_tokens(usage), sent
 
 
 CACHED_TOKENS = "cached_tokens"
@@ -580,12 +581,6 @@ class _Run:
     engine: str | None = None
     answered: int = 0
     failed: str | None = None
-
-
-def _cached(usage: dict[str, Any]) -> int | None:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
 def _miss(piece: Piece, expected: int, cached: int) -> str:

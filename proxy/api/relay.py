@@ -26,6 +26,7 @@ from proxy.api.ticket import Ticket
 from proxy.clock import Clock
 from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
 from proxy.metrics import ProxyMetrics
+from proxy.openai.answers import cached_tokens
 
 Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
 """Where :meth:`Relay.pump` passes the events, one read's (at most :data:`BATCH`) at a
@@ -204,9 +205,8 @@ class Relay:
             self.services.counter.learn(self.ticket.req, self.ticket.count, prompt)
         if isinstance(completion, int):
             metrics.completion_tokens.labels(*self._labels).inc(completion)
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int) and isinstance(prompt, int):
+        cached = cached_tokens(usage)
+        if cached is not None and isinstance(prompt, int):
             self._cached(prompt, cached)
         metrics.requests.labels(*self._labels, outcome).inc()
         metrics.request.labels(*self._labels).observe(now - self.ticket.arrival)

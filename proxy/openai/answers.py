@@ -22,3 +22,12 @@ class Answer:
     def of(cls, status: int, body: dict[str, Any]) -> Answer:
         """An answer made here (an error, a test's): ``body`` written once."""
         return cls(status, json.dumps(body).encode(), body)
+
+
+def cached_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``: the prompt tokens the engine
+    found in its prefix cache (vLLM with ``--enable-prompt-tokens-details``); None
+    where the answer does not say."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None

@@ -476,13 +476,20 @@ class Scheduler:
         later it finds it cached (routing by prefix only; chat never waits)."""
         if self.settings.route_by != "prefix":
             return False
-        blocks = job.blocks
+        ready, coming = self._most_held(job.model, job.blocks)
+        return coming - ready >= PREFIX_WAIT_BLOCKS
+
+    def _most_held(self, model: str, blocks: tuple[int, ...]) -> tuple[int, int]:
+        """The most of ``blocks`` an up engine serving ``model`` holds, and the most
+        it holds or is computing now. (``blocks`` are hashed at the model's block
+        size: an engine of another size matches none of them, so counts in blocks
+        compare across engines.)"""
         ready = coming = 0
-        for e in self._by_model.get(job.model, ()):
+        for e in self._by_model.get(model, ()):
             if e.up and not e.draining and e.prefix.holds_first(blocks):
                 coming = max(coming, e.prefix.match(blocks, pending=True))
                 ready = max(ready, e.prefix.match(blocks))
-        return coming - ready >= PREFIX_WAIT_BLOCKS
+        return ready, coming
 
     def _first_unblocked(
         self, model: str, blocked: set[str], excluded: set[str]
@@ -750,13 +757,11 @@ class Scheduler:
     def least_uncached(self, model: str, tokens: int, blocks: tuple[int, ...]) -> int:
         """The fewest of a prompt's ``tokens`` (of ``blocks``) an up engine serving
         ``model`` would compute, counting blocks being computed there (a read)."""
-        if not blocks:
+        size = self.block_size_for(model)
+        if not blocks or size is None:
             return tokens
-        held = 0
-        for e in self._by_model.get(model, ()):
-            if e.up and not e.draining and e.prefix.holds_first(blocks):
-                held = max(held, e.prefix.match(blocks, pending=True) * e.prefix.block_size)
-        return tokens - min(held, tokens - 1)
+        _, coming = self._most_held(model, blocks)
+        return tokens - min(coming * size, tokens - 1)
 
     def block_size_for(self, model: str) -> int | None:
         """The block size prompts of ``model`` are hashed at (its first engine's);

@@ -150,11 +150,7 @@ class PrefixIndex:
         first token does, and a prompt routed in between must find them; the
         event names them, and a later removal drops them)."""
         self._unsent(blocks)
-        held = self._blocks
-        for block in blocks:
-            held[block] = None
-            held.move_to_end(block)
-        self._age()
+        self._hold(blocks)
 
     def dropped(self, blocks: Sequence[int]) -> None:
         """That prompt left before its prefill was done (failed, aborted, cancelled)."""
@@ -173,8 +169,10 @@ class PrefixIndex:
 
     def routed(self, blocks: Sequence[int]) -> None:
         """A prompt of ``blocks`` was computed here: they are cached."""
-        if self.mode is not IndexMode.ROUTED:
-            return
+        if self.mode is IndexMode.ROUTED:
+            self._hold(blocks)
+
+    def _hold(self, blocks: Sequence[int]) -> None:
         held = self._blocks
         for block in blocks:
             held[block] = None
