@@ -24,52 +24,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from proxy.engines import KVEventSubscriber, decode_kv_events
 from proxy.scheduler.prefix import Cleared, KVEvent, PrefixIndex, Removed, Stored, chain
+from tests.support.vllm_kv_wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVCacheEvent,
+)
 
 pytestmark = pytest.mark.anyio
 
 LOGGER = "proxy.engines._kv_events"
 BS = 4  # block size
 
-# -- vLLM's structs ---------------------------------------------------------------
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[bytes | int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
+# -- vLLM's structs (tests/support/vllm_kv_wire.py), and a newer engine's ----------
 
 
 # A newer engine's: fields and an event type this proxy does not know.

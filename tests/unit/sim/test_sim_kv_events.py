@@ -32,52 +32,15 @@ from loadtests.sim.request import SimRequest
 from loadtests.sim.step_loop import SimEngine
 from loadtests.sim.step_scheduler import EngineScheduler, SchedulerConfig
 from proxy.clock import VirtualClock
+from tests.support.vllm_kv_wire import WIRE
+from tests.support.vllm_kv_wire import AllBlocksCleared as WireAllBlocksCleared
+from tests.support.vllm_kv_wire import BlockRemoved as WireBlockRemoved
+from tests.support.vllm_kv_wire import BlockStored as WireBlockStored
 
 from .helpers import UNIT_COST, make_request, sample_position, step, unique_prompt
 
-# -- vLLM 0.32's wire structs, written out here independently of the simulator's ---
-
-
-class WireEvent(msgspec.Struct, omit_defaults=True, tag=True):
-    pass
-
-
-class WireBlockStored(WireEvent, tag="BlockStored"):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-
-
-class WireBlockRemoved(WireEvent, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class WireAllBlocksCleared(WireEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class WireBatch(msgspec.Struct, array_like=True, omit_defaults=True):
-    ts: float
-    events: list[WireBlockStored | WireBlockRemoved | WireAllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-WIRE = msgspec.msgpack.Decoder(WireBatch)
+# vLLM 0.32's wire structs are tests/support/vllm_kv_wire.py's, written out
+# independently of the simulator's
 U64 = 1 << 64
 
 
