@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from loadtests.bench.fleet_figures import cache_counts
+
 
 def converse(
     url: str, model: str, *, conversations: int, turns: int, max_tokens: int = 8
@@ -40,12 +42,7 @@ def converse(
 
 def hits_and_queries(engine_urls: Sequence[str]) -> tuple[float, float]:
     """The fleet's ``vllm:prefix_cache_hits_total`` and ``vllm:prefix_cache_queries_total``
-    (prompt tokens found in the prefix cache, and looked up), summed over engines."""
-    hits = queries = 0.0
-    for url in engine_urls:
-        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
+    (prompt tokens found in the prefix cache, and looked up), summed over engines
+    (read as the fleet benchmark reads them: :func:`loadtests.bench.fleet_figures.cache_counts`)."""
+    counts = [cache_counts(httpx.get(f"{url}/metrics", timeout=10).text) for url in engine_urls]
+    return sum(c.hits for c in counts), sum(c.queries for c in counts)
