@@ -33,6 +33,7 @@ from proxy.scheduler import (
     TrafficClass,
 )
 from proxy.scheduler.budget import BudgetChange
+from proxy.scheduler.fair import TenantShare
 from proxy.scheduler.history import Second
 from proxy.scheduler.pieces import ChatSigns, pieces_in_prefill
 from proxy.scheduler.prefix import KVEvent
@@ -165,8 +166,10 @@ class Admission:
     def token_gap(self, job_id: str, gap_s: float) -> None:
         self._scheduler.on_token_gap(job_id, gap_s)
 
-    def finished(self, job_id: str) -> None:
-        self._scheduler.on_finished(job_id)
+    def finished(self, job_id: str, output_tokens: int | None = None) -> None:
+        """The job ended; ``output_tokens``, where the engine said how many it
+        generated, settle its tenant's fair-share charge."""
+        self._scheduler.on_finished(job_id, output_tokens)
         self.pump()
         self._released()
 
@@ -367,6 +370,14 @@ class Admission:
         moves = [(name, c) for name, e in self._scheduler.engines.items() for c in e.budget.changes]
         moves.sort(key=lambda m: m[1].time)
         return moves[-limit:] if limit > 0 else []
+
+    def tenant_shares(self) -> list[TenantShare]:
+        """Each active tenant's share of its class against what it is owed (a read)."""
+        return self._scheduler.tenant_shares()
+
+    def fairness(self, cls: TrafficClass) -> float | None:
+        """Jain's index over the window for ``cls`` (None: fewer than two tenants waited)."""
+        return self._scheduler.fairness(cls)
 
     def decisions(self, limit: int) -> list[Decision]:
         """The ``limit`` most recent scheduling decisions, oldest first."""

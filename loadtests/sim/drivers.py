@@ -14,7 +14,7 @@ from loadtests.sim.step_loop import SimEngine, StepResult
 from loadtests.sim.step_scheduler import SchedulerConfig
 from loadtests.sim.virtual import VirtualRunner
 from proxy.config import EngineConfig
-from proxy.scheduler import EngineLoad, Job, Scheduler, SchedulerSettings, TrafficClass
+from proxy.scheduler import Dispatch, EngineLoad, Job, Scheduler, SchedulerSettings, TrafficClass
 
 INTERACTIVE_PRIORITY = TrafficClass.INTERACTIVE.engine_priority
 BATCH_PRIORITY = TrafficClass.BATCH.engine_priority
@@ -104,6 +104,8 @@ class ProxyFront:
         self.keep_scraping = keep_scraping
         self.priorities = dict(priorities or {})
         self._payloads: dict[str, tuple[list[int], int]] = {}
+        # called with each dispatch as its job enters the engine
+        self.on_dispatch: list[Callable[[Dispatch], None]] = []
         runner.listeners.append(self.feed)
         runner.call_at(0.0, self.scrape)
 
@@ -118,6 +120,8 @@ class ProxyFront:
             prompt, max_tokens = self._payloads.pop(d.job.id)
             priority = self.priorities.get(d.job.cls, 0)
             self.engine.add_request(prompt, max_tokens, request_id=d.job.id, priority=priority)
+            for listener in self.on_dispatch:
+                listener(d)
 
     def feed(self, _: SimEngine, result: StepResult) -> None:
         for token in result.tokens:

@@ -79,6 +79,7 @@ from proxy.scheduler.aborts import (
     longest_waiting,
     may_abort,
 )
+from proxy.scheduler.fair import FairShare, TenantShare
 from proxy.scheduler.pieces import ChatSigns
 from proxy.scheduler.prefix import IndexMode, KVEvent
 from proxy.scheduler.queue import JobQueue
@@ -109,6 +110,9 @@ class SchedulerSettings:
     route_by: str = "prefix"  # prefix, affinity or load (proxy.scheduler.routing)
     decision_log_size: int = 1000
     abort_limit: int = DEFAULT_ABORT_LIMIT
+    # within each class, tenants served by a token-counting fair queue (off: arrival
+    # order, as before tenants); proxy.scheduler.fair
+    fair_share: bool = True
     hold: HoldRules = dataclasses.field(default_factory=HoldRules)
 
 
@@ -138,6 +142,7 @@ class Scheduler:
         if len(self.engines) != len(engines):
             raise ValueError("engine names must be unique")
         self.queues: dict[TrafficClass, JobQueue] = {c: JobQueue() for c in TrafficClass}
+        self.fair: dict[TrafficClass, FairShare] = {c: FairShare(c) for c in TrafficClass}
         self.jobs: dict[str, Job] = {}
         self.log: deque[Decision] = deque(maxlen=self.settings.decision_log_size)
         self.affinity = AffinityMap()
@@ -244,21 +249,26 @@ class Scheduler:
             queue.first_of_model(job.model) is None or not queue.all_eligible(job.model)
         ):
             self._mark_model(job.model)
-        queue.append(job)
+        tag = self.fair[job.cls].tag(job, now)
+        if self.settings.fair_share:
+            queue.append(job, job.tier.rank, tag)
+        else:
+            queue.append(job)
         self._queued_chat(job)
         self._end(now)
 
-    def cancel(self, job_id: str) -> Job | None:
+    def cancel(self, job_id: str, output_tokens: int | None = None) -> Job | None:
         """Forget a job wherever it is (queued or in flight); None if unknown."""
         now = self._begin()
-        job = self._remove(job_id)
+        job = self._remove(job_id, now, output_tokens)
         self._end(now)
         return job
 
-    def _remove(self, job_id: str) -> Job | None:
+    def _remove(self, job_id: str, now: float, output_tokens: int | None) -> Job | None:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return None
+        self.fair[job.cls].left(job, now, output_tokens)
         self._logged_hold.pop(job_id, None)
         self._abortable.pop(job_id, None)
         if job.phase is Phase.QUEUED:
@@ -345,6 +355,9 @@ class Scheduler:
         queue = self.queues[TrafficClass.INTERACTIVE]
         if not len(queue):
             return []
+        if self.settings.fair_share and self.fair[TrafficClass.INTERACTIVE].several_active(now):
+            self._chats_held_for.clear()  # held one by one: judged whole next time
+            return self._fair_chats(now)
         if not queue.none_excluding():
             self._chats_held_for.clear()  # held one by one: judged whole next time
             return self._each_chat(now)
@@ -423,6 +436,36 @@ class Scheduler:
                 continue
             preferred = self._preferred(job)
             engine = pick_engine(ready, job, preferred, self.settings.affinity_slack_tokens)
+            out.append(self._send(now, job, engine))
+        return out
+
+    def _fair_chats(self, now: float) -> list[Dispatch]:
+        """The interactive pass while several tenants send chats: chat by chat in
+        fair order, each to an engine where its tenant holds less than the engine's
+        budget in chat prefill (:mod:`proxy.scheduler.fair`); a chat with none is
+        held (``tenant_share``), and so are its tenant's later chats of the model."""
+        out: list[Dispatch] = []
+        full: set[tuple[str, str]] = set()  # (tenant, model) at its share everywhere
+        slack = self.settings.affinity_slack_tokens
+        for job in list(self.queues[TrafficClass.INTERACTIVE]):
+            candidates = self._candidates(job)
+            if (job.tenant, job.model) in full and not job.excluded:
+                self._hold(now, job, candidates, HeldReason.TENANT_SHARE)
+                continue
+            ready = [e for e in candidates if e.name in self._takes]
+            if not ready:
+                self._hold(now, job, candidates, _chat_held(candidates))
+                continue
+            room = [e for e in ready if _tenant_room(e, job)]
+            if not room:
+                if not job.excluded:
+                    full.add((job.tenant, job.model))
+                self._hold(now, job, ready, HeldReason.TENANT_SHARE)
+                continue
+            if job.blocks and self.settings.route_by == "prefix":
+                out.append(self._send(now, job, *by_cost(room, job)))
+                continue
+            engine = pick_engine(room, job, self._preferred(job), slack)
             out.append(self._send(now, job, engine))
         return out
 
@@ -550,6 +593,7 @@ class Scheduler:
         job.held = None
         self._logged_hold.pop(job.id, None)
         job.reserved = False  # a reservation is for one engine and one dispatch
+        self.fair[job.cls].dispatched(job, now)
         _mark_beside_batch(engine, job)
         engine.record_dispatch(job, self._head_batch_job(engine) is not None)
         engine.admit(job)
@@ -570,6 +614,7 @@ class Scheduler:
         job.held = reason
         if self._logged_hold.get(job.id) is reason:
             return
+        self.fair[job.cls].held(job, now)
         self._logged_hold[job.id] = reason
         first = next(iter(engines), None)
         if first is not None:
@@ -587,7 +632,7 @@ class Scheduler:
     ) -> None:
         budget = self.engines[engine].budget.tokens
         decision = Decision(
-            now, engine, job.id, job.cls, admitted, r, budget, job.piece, abort, route
+            now, engine, job.id, job.cls, admitted, r, budget, job.piece, abort, route, job.tenant
         )
         self.log.append(decision)
 
@@ -682,8 +727,10 @@ class Scheduler:
         if job.beside_batch:
             engine.budget.observe_gap(now, gap_s)
 
-    def on_finished(self, job_id: str) -> Job | None:
-        return self.cancel(job_id)
+    def on_finished(self, job_id: str, output_tokens: int | None = None) -> Job | None:
+        """The job ended: it leaves; ``output_tokens`` (the engine's count, where it
+        said) settle its tenant's fair-share charge (:mod:`proxy.scheduler.fair`)."""
+        return self.cancel(job_id, output_tokens)
 
     def on_failed(self, job_id: str, *, retry: bool) -> bool:
         """The engine failed the job. With ``retry`` (no byte reached the client yet),
@@ -710,8 +757,35 @@ class Scheduler:
         else:
             del self.jobs[job.id]
             job.phase = Phase.DONE
+            self.fair[job.cls].left(job, now, None)
         self._end(now)
         return requeued
+
+    # -- tenants (proxy.scheduler.fair) ---------------------------------------------
+
+    def tenant_shares(self) -> list[TenantShare]:
+        """Every tenant active in the window, per class: what it was served against
+        what it is owed, and its jobs queued and in flight (a read)."""
+        now = self.clock.now()
+        out: list[TenantShare] = []
+        for cls in TrafficClass:
+            queued, in_flight = self._tenant_counts(cls)
+            out += self.fair[cls].shares(now, queued, in_flight)
+        return out
+
+    def fairness(self, cls: TrafficClass) -> float | None:
+        """Jain's index over the window of the tenants of ``cls`` that waited
+        (:meth:`proxy.scheduler.fair.FairShare.fairness`); None with fewer than two."""
+        return self.fair[cls].fairness(self.clock.now(), self._tenant_counts(cls)[0])
+
+    def _tenant_counts(self, cls: TrafficClass) -> tuple[dict[str, int], dict[str, int]]:
+        queued: dict[str, int] = {}
+        in_flight: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.cls is cls:
+                counts = queued if job.phase is Phase.QUEUED else in_flight
+                counts[job.tenant] = counts.get(job.tenant, 0) + 1
+        return queued, in_flight
 
     def chat_signs(self, name: str) -> ChatSigns:
         """What is known of chat on engine ``name``, for the piecing choice (a read)."""
@@ -1028,6 +1102,21 @@ def _earliest_kept(queue: JobQueue, kept: dict[str, int]) -> tuple[Job, str] | N
         elif job is None or queue.seq(nxt) < queue.seq(job):
             job, model = nxt, m
     return None if job is None else (job, model)
+
+
+def _tenant_room(engine: EngineState, job: Job) -> bool:
+    """Whether chat ``job`` fits its tenant's share of ``engine``'s prefill: its
+    tenant's chat prompt tokens in prefill there, with it, within the engine's
+    budget; or none of them there (one chat always goes)."""
+    held = 0
+    for other in engine.inflight.values():
+        if (
+            other.tenant == job.tenant
+            and other.cls is TrafficClass.INTERACTIVE
+            and other.phase is Phase.PREFILL
+        ):
+            held += other.uncached_tokens
+    return held == 0 or held + job.prompt_tokens <= engine.budget.tokens
 
 
 def _chat_held(engines: Iterable[EngineState]) -> HeldReason:

@@ -5,48 +5,34 @@ A :class:`JobQueue` reads like the deque it replaces (iteration in order, ``len`
 keeps one line per model, so a dispatch decision reads only the heads of the
 models an engine serves instead of scanning the whole queue.
 
-Order is a sequence number per job: ``append`` gives the next one up, ``appendleft``
-(a job requeued after a failure) the next one down. Each line keeps the jobs pushed
-to its back and those pushed to its front in two insertion-ordered dicts, so both
-ends and removal by id are O(1) and iteration needs no sorting.
+Order is ``Job.order``: the tier's band, the job's fair tag (:mod:`proxy.scheduler.fair`;
+0 with fair share off) and a sequence number: ``append`` gives the next one up,
+``appendleft`` (a job requeued after a failure) the next one down, in a band before
+every other. Each line keeps one flow per tenant's chats or batch job, whose orders
+rise in arrival order; each flow keeps the jobs pushed to its back and those pushed
+to its front in two insertion-ordered dicts, so both ends and removal by id are O(1).
+A line's first job is the least first of its flows (one flow: O(1)); it is read in
+order by merging its flows.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 
 from proxy.scheduler.types import Job
 
 
-class _Line:
-    """Jobs in order: ``front`` (pushed left, newest first) then ``back``."""
+class _Flow:
+    """One flow's jobs in order (:mod:`proxy.scheduler.fair`): ``front`` (pushed
+    left, newest first) then ``back``; their orders rise along it."""
 
-    __slots__ = ("back", "excluding", "front", "pinned")
+    __slots__ = ("back", "front")
 
     def __init__(self) -> None:
         self.front: dict[str, Job] = {}
         self.back: dict[str, Job] = {}
-        # counted as jobs come and go; a look over the line at each read instead: chat
-        # 64 x 10,000 16 times as long, cap 64 x 10,000 37 times (the scheduler figure:
-        # proxy.scheduler.core's docstring)
-        self.excluding = 0  # jobs here that some engine may not take (job.excluded)
-        self.pinned = 0  # jobs here pinned to one engine (job.pinned)
-
-    def push(self, job: Job, left: bool) -> None:
-        (self.front if left else self.back)[job.id] = job
-        if job.excluded:
-            self.excluding += 1
-        if job.pinned is not None:
-            self.pinned += 1
-
-    def pop(self, job: Job) -> None:
-        if self.back.pop(job.id, None) is None:
-            del self.front[job.id]
-        if job.excluded:
-            self.excluding -= 1
-        if job.pinned is not None:
-            self.pinned -= 1
 
     def first(self) -> Job | None:
         if self.front:
@@ -57,8 +43,68 @@ class _Line:
         yield from reversed(self.front.values())
         yield from self.back.values()
 
+
+def _order(job: Job) -> tuple[int, float, int]:
+    return job.order
+
+
+class _Line:
+    """Jobs in order: per flow (a tenant's chats, a batch job) in arrival order, and
+    across flows by each job's ``order`` (tier band, fair tag, sequence)."""
+
+    __slots__ = ("excluding", "flows", "n", "pinned")
+
+    def __init__(self) -> None:
+        self.flows: dict[tuple[str, str], _Flow] = {}
+        self.n = 0
+        # counted as jobs come and go; a look over the line at each read instead: chat
+        # 64 x 10,000 16 times as long, cap 64 x 10,000 37 times (the scheduler figure:
+        # proxy.scheduler.core's docstring)
+        self.excluding = 0  # jobs here that some engine may not take (job.excluded)
+        self.pinned = 0  # jobs here pinned to one engine (job.pinned)
+
+    def push(self, job: Job, left: bool) -> None:
+        key = (job.tenant, job.flow)
+        flow = self.flows.get(key)
+        if flow is None:
+            flow = self.flows[key] = _Flow()
+        (flow.front if left else flow.back)[job.id] = job
+        self.n += 1
+        if job.excluded:
+            self.excluding += 1
+        if job.pinned is not None:
+            self.pinned += 1
+
+    def pop(self, job: Job) -> None:
+        key = (job.tenant, job.flow)
+        flow = self.flows[key]
+        if flow.back.pop(job.id, None) is None:
+            del flow.front[job.id]
+        if not flow.front and not flow.back:
+            del self.flows[key]
+        self.n -= 1
+        if job.excluded:
+            self.excluding -= 1
+        if job.pinned is not None:
+            self.pinned -= 1
+
+    def first(self) -> Job | None:
+        if len(self.flows) == 1:
+            return next(iter(self.flows.values())).first()
+        best: Job | None = None
+        for flow in self.flows.values():
+            job = flow.first()
+            if job is not None and (best is None or job.order < best.order):
+                best = job
+        return best
+
+    def __iter__(self) -> Iterator[Job]:
+        if len(self.flows) == 1:
+            return iter(next(iter(self.flows.values())))
+        return heapq.merge(*self.flows.values(), key=_order)
+
     def __len__(self) -> int:
-        return len(self.front) + len(self.back)
+        return self.n
 
 
 class JobQueue:
@@ -74,11 +120,15 @@ class JobQueue:
         self._next = 0
         self._prev = -1
 
-    def append(self, job: Job) -> None:
+    def append(self, job: Job, band: int = 1, tag: float = 0.0) -> None:
+        """Queue ``job`` last of its ``band`` (a tier's rank) at fair ``tag``."""
+        job.order = (band, tag, self._next)
         self._push(job, self._next, left=False)
         self._next += 1
 
     def appendleft(self, job: Job) -> None:
+        """Queue ``job`` first of all (a job requeued: it had its turn already)."""
+        job.order = (-1, 0.0, self._prev)
         self._push(job, self._prev, left=True)
         self._prev -= 1
 
@@ -102,9 +152,9 @@ class JobQueue:
         if not line:
             del self._models[job.model]
 
-    def seq(self, job: Job) -> int:
+    def seq(self, job: Job) -> tuple[int, float, int]:
         """The job's place in the order (smaller is earlier)."""
-        return self._seq[job.id]
+        return job.order
 
     def models(self) -> list[str]:
         """The models with queued jobs."""
@@ -127,12 +177,11 @@ class JobQueue:
     def earliest_first(self, models: Iterable[str]) -> Job | None:
         """The earliest of the first jobs of ``models``; None if none is queued."""
         best: Job | None = None
-        best_seq = 0
         for model in models:
             line = self._models.get(model)
             job = line.first() if line is not None else None
-            if job is not None and (best is None or self._seq[job.id] < best_seq):
-                best, best_seq = job, self._seq[job.id]
+            if job is not None and (best is None or job.order < best.order):
+                best = job
         return best
 
     def all_eligible(self, model: str) -> bool:
@@ -154,7 +203,6 @@ class JobQueue:
         """The first queued job of any of ``models`` that engine ``name`` may take:
         per model the first job not excluding it, the earliest of those."""
         best: Job | None = None
-        best_seq = 0
         for model in models:
             line = self._models.get(model)
             if line is None:
@@ -163,8 +211,8 @@ class JobQueue:
                 job = line.first()
             else:
                 job = next((j for j in line if name not in j.excluded), None)
-            if job is not None and (best is None or self._seq[job.id] < best_seq):
-                best, best_seq = job, self._seq[job.id]
+            if job is not None and (best is None or job.order < best.order):
+                best = job
         return best
 
     def __contains__(self, job: object) -> bool:

@@ -25,7 +25,7 @@ from proxy.scheduler.budget import BudgetController, SlidingWindow
 from proxy.scheduler.history import Second, TurnHistory
 from proxy.scheduler.pieces import PIECE_DEPTH, pieces_in_prefill
 from proxy.scheduler.prefix import PrefixIndex
-from proxy.scheduler.types import HeldReason, Job, Phase, TrafficClass, Turn
+from proxy.scheduler.types import ENGINE_HELD_REASONS, HeldReason, Job, Phase, TrafficClass, Turn
 
 STREAM_GAPS_SPAN_S = 30.0
 # an engine's prefix index before its cache config is known: vLLM's default block,
@@ -110,7 +110,7 @@ class EngineState:
         self.turn = Turn.IDLE
         self.held_reason: HeldReason | None = None
         self._turn_seconds: dict[Turn, float] = dict.fromkeys(Turn, 0.0)
-        self._held_seconds: dict[HeldReason, float] = dict.fromkeys(HeldReason, 0.0)
+        self._held_seconds: dict[HeldReason, float] = dict.fromkeys(ENGINE_HELD_REASONS, 0.0)
         self.turn_since = now
         self.turn_history = TurnHistory()
         self._accounted_at = now

@@ -17,8 +17,10 @@ __all__ = [  # what proxy.scheduler exports of it
     "Phase",
     "Reservation",
     "Route",
+    "Tier",
     "TrafficClass",
     "Turn",
+    "engine_priority",
 ]
 
 INTERACTIVE_PRIORITY = -10
@@ -34,6 +36,36 @@ class TrafficClass(enum.StrEnum):
         """The request ``priority`` for an engine under vLLM's priority policy (lower
         runs first): interactive -10, batch 0."""
         return INTERACTIVE_PRIORITY if self is TrafficClass.INTERACTIVE else BATCH_PRIORITY
+
+
+class Tier(enum.StrEnum):
+    """A tenant's tier: a strict band within its class, in the proxy's queue and, under
+    vLLM's priority policy, in the engine's (``critical`` before ``standard`` before
+    ``sheddable``; fair share between the tenants of one band)."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+    @property
+    def rank(self) -> int:
+        """0 for critical, 1 standard, 2 sheddable: the band's place in the queue."""
+        return _TIER_RANKS[self]
+
+    @property
+    def offset(self) -> int:
+        """Added to the class's engine priority: -1, 0, +1 (every interactive band
+        stays before every batch band: -11..-9 against -1..1)."""
+        return self.rank - 1
+
+
+_TIER_RANKS = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.SHEDDABLE: 2}
+
+
+def engine_priority(cls: TrafficClass, tier: Tier = Tier.STANDARD) -> int:
+    """The request ``priority`` for an engine under vLLM's priority policy (lower
+    runs first): the class's, moved by the tier."""
+    return cls.engine_priority + tier.offset
 
 
 class Turn(enum.StrEnum):
@@ -59,6 +91,14 @@ class HeldReason(enum.StrEnum):
     KV_HEADROOM = "kv_headroom"
     CONCURRENCY_CAP = "concurrency_cap"
     ENGINE_UNHEALTHY = "engine_unhealthy"
+    # a chat: its tenant holds its share of the engine's prefill already while
+    # another tenant's chat is queued (proxy.scheduler.fair)
+    TENANT_SHARE = "tenant_share"
+
+
+# the reasons an engine holds batch for (its turn's reason; a chat's tenant share is
+# the chat's, never an engine's)
+ENGINE_HELD_REASONS = tuple(r for r in HeldReason if r is not HeldReason.TENANT_SHARE)
 
 
 class Phase(enum.StrEnum):
@@ -106,6 +146,22 @@ class Job:
     blocks: tuple[int, ...] = ()
     prefix_tokens: int = 0
     cached_tokens: int = 0  # in flight: of its prompt tokens, those its engine was expected to hold
+    # who sent it and what they are owed (proxy.scheduler.fair): the tenant's name
+    # ("" anonymous), the line it shares its tenant's part with (a batch job's id;
+    # "" for chat), its tenant's weight and tier, and the output tokens expected of it
+    # (charged at the tag; the real count corrects its tenant at the finish)
+    tenant: str = ""
+    flow: str = ""
+    weight: float = 1.0
+    tier: Tier = Tier.STANDARD
+    expected_output: int = 0
+    # its place in its class's queue, set as it is queued: (tier rank, fair tag, seq)
+    order: tuple[int, float, int] = (1, 0.0, 0)
+
+    @property
+    def engine_priority(self) -> int:
+        """The ``priority`` it carries into an engine under vLLM's priority policy."""
+        return engine_priority(self.cls, self.tier)
 
     @property
     def uncached_tokens(self) -> int:
@@ -171,6 +227,7 @@ class Decision(NamedTuple):
     piece: int = 0  # the piece of a pieced prompt (0: a whole request)
     abort: Abort | None = None
     route: Route | None = None  # admitted: why this engine
+    tenant: str = ""  # the job's tenant ("" anonymous)
 
     @property
     def action(self) -> str:
