@@ -13,9 +13,13 @@ and asks :meth:`Scheduler.dispatch` what to send where. The rules:
   interactive job is in prefill on it, the engine has
   concurrency and KV headroom, and the prompt tokens in prefill there (all
   classes) plus its own stay within the engine's budget ``B``; one batch job may
-  always run when nothing is in prefill. Batch jobs are taken in arrival order per
-  engine: a job held on an engine holds later ones there too, so a large prompt is
-  never overtaken forever by small ones.
+  always run when nothing is in prefill. Batch jobs are taken in their queue's order
+  per engine: a job held on an engine holds later ones there too, so a large prompt
+  is never overtaken forever by small ones.
+- **Tenants share each class fairly** (:mod:`proxy.scheduler.fair`): a queue's order
+  is a tier's band, then a fair tag charged in tokens by weight, then arrival (with
+  ``fair_share`` off: arrival alone); while several tenants send chats, one tenant
+  holds at most an engine's budget in chat prefill there.
 - **The budget loop judges what batch can cause**: the time from dispatch to first
   token of chats that shared their engine with batch prefill, and the token gaps of
   such streams (:mod:`proxy.scheduler.budget`).
