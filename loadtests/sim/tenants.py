@@ -145,9 +145,7 @@ def run_tenants(
     return records, front.scheduler
 
 
-def _sender(
-    send: Callable[[TenantLoad, float], None], load: TenantLoad
-) -> Callable[[float], None]:
+def _sender(send: Callable[[TenantLoad, float], None], load: TenantLoad) -> Callable[[float], None]:
     return lambda t: send(load, t)
 
 
@@ -196,3 +194,57 @@ def quiet_beside_noisy(duration_s: float = 60.0, warmup_s: float = 5.0) -> list[
         )
         out.append(QuietNoisy(name, quiet, noisy / (hi - lo)))
     return out
+
+
+def shares_1_1_2(cls: TrafficClass, duration_s: float = 40.0) -> dict[str, float]:
+    """Three tenants of weights 1, 1 and 2, each backlogged: their shares of the
+    prompt and output tokens that reached a first token (chat, behind a cap of 8)
+    or of the prompt tokens admitted (batch) from 10 s to the end."""
+    served: dict[str, float] = {}
+    engine = None
+    if cls is TrafficClass.INTERACTIVE:
+        engine = EngineConfig(name="engine-0", models=frozenset({"llama-3-8b"}), max_inflight=8)
+    outstanding = 24 if cls is TrafficClass.INTERACTIVE else 64
+    prompt = (400, 600) if cls is TrafficClass.INTERACTIVE else (1000, 3000)
+    loads = [
+        TenantLoad(name=n, cls=cls, weight=w, outstanding=outstanding, prompt_tokens=prompt)
+        for n, w in (("a", 1.0), ("b", 1.0), ("c", 2.0))
+    ]
+
+    def seen(d: Dispatch) -> None:
+        if d.at >= 10:
+            served[d.job.tenant] = served.get(d.job.tenant, 0.0) + d.job.prompt_tokens
+
+    run_tenants(loads, duration_s, engine=engine, on_dispatch=seen)
+    total = sum(served.values())
+    return {n: v / total for n, v in sorted(served.items())}
+
+
+def main() -> None:
+    """Print the virtual-time figures docs/scheduling.md quotes."""
+    from loadtests.support.markdown import markdown_table
+
+    arms = quiet_beside_noisy()
+    alone = arms[0]
+    rows = [
+        [
+            a.name,
+            f"{a.p50 * 1000:.0f}",
+            f"{a.p95 * 1000:.0f}",
+            f"{a.p95 / alone.p95:.1f}x",
+            f"{a.noisy_tokens_per_s:.0f}",
+        ]
+        for a in arms
+    ]
+    header = ["arm", "quiet TTFT p50 ms", "p95 ms", "p95 / alone", "noisy output tok/s"]
+    print(markdown_table(header, rows))
+    for cls in TrafficClass:
+        got = shares_1_1_2(cls)
+        print(
+            f"{cls.value} shares, weights 1:1:2: "
+            + ", ".join(f"{n} {v:.3f}" for n, v in got.items())
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -34,6 +34,7 @@ REASON_WORDS = {
     HeldReason.KV_HEADROOM: "for KV-cache headroom",
     HeldReason.CONCURRENCY_CAP: "at the concurrency cap",
     HeldReason.ENGINE_UNHEALTHY: "because the engine is unhealthy",
+    HeldReason.TENANT_SHARE: "while its tenant holds its share of prefill",
 }
 
 
