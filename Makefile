@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench bench-fleet router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench bench-fleet bench-tenants router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -24,6 +24,7 @@ help:
 	@echo "make test-docker   the image tier: builds and runs the Dockerfile and the compose stack on a local dockerd"
 	@echo "make bench         what the proxy costs: direct, nginx, vllm-router and whoseturn side by side (a few min)"
 	@echo "make bench-fleet   routing by prefix cache across fleets of 4 and 16 simulated engines: vllm-router and whoseturn arms, three workloads (~15 min)"
+	@echo "make bench-tenants a quiet client beside a noisy one on one simulated engine: alone, arrival order, fair share (~3 min)"
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 	@echo "make first-burst   the first batch burst beside live chat on real vLLM, fresh and again, FCFS vs the proxy (~10 min)"
 	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
@@ -68,6 +69,13 @@ bench: $(STAMP) $(ROUTER_STAMP)
 # FLEET_ARGS: more options, e.g. --engines 4 --duration-s 10 --repeat 1.
 bench-fleet: $(STAMP) $(ROUTER_STAMP)
 	$(BIN)/python -m loadtests.bench.fleet $(FLEET_ARGS)
+
+# The tenants benchmark (docs/tenants.md): a quiet client beside a noisy one on one
+# simulated engine, the proxy with no tenant config; alone, arrival order
+# (fair_share: false) and fair share, each on a fresh engine and proxy, cold and warm.
+# It writes its table into docs/tenants.md. TENANTS_ARGS: more options, e.g. --duration-s 30.
+bench-tenants: $(STAMP)
+	$(BIN)/python -m loadtests.bench.tenants $(TENANTS_ARGS)
 
 test: $(STAMP) system-deps $(ROUTER_STAMP)
 	$(BIN)/pytest

@@ -55,6 +55,7 @@ ENV_VARS = (
     "WHOSETURN_BATCH_ABORT_MAX",
     "WHOSETURN_BATCH_STORE",
     "WHOSETURN_BATCH_DSN",
+    "WHOSETURN_FAIR_SHARE",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
 

@@ -10,10 +10,18 @@ them in (``batch_store_path`` is ``settings.batch.store_path``). Example file::
     gap_target_s: 0.1             # interactive inter-token gap target (p95)
     class_override: true          # X-Whoseturn-Class: true (anyone), false, a list of keys;
                                   # unset: anyone without api_keys, else keys that allow it
+    fair_share: true              # within a class, tenants served by weighted fair share;
+                                  # false: arrival order (docs/security.md, tenants)
     api_keys:                     # unset: no key needed; see docs/security.md
       - sk-plain-key              # a plain key: role user, no class override
       - {key: sk-dash, role: read}                  # reads only: /metrics, /turn, ...
       - {key: sk-pipe, classes: [batch], class_override: false}
+      - key_file: /run/secrets/team-a             # the secret read from a file ...
+        tenant: team-a            # its tenant (default: key- and a hash of the key)
+        weight: 2                 # its share of a class against other tenants'
+        tier: critical            # critical, standard or sheddable
+        limits: {requests_per_minute: 600, tokens_per_minute: 200000, streams: 32}
+      - {key_env: TEAM_B_KEY, tenant: team-b}       # ... or from the environment
     max_body_bytes: 8388608       # larger request bodies are refused with 413
     max_body_bytes_in_flight: 67108864  # all bodies held at once; beyond: 503, Retry-After
     header_timeout_s: 10          # a connection must send complete request headers by then
@@ -58,14 +66,16 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_WORKERS``,
 ``WHOSETURN_BATCH_STORE_PATH``,
 ``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
-``WHOSETURN_BATCH_ABORT``, ``WHOSETURN_BATCH_ABORT_MAX``.
+``WHOSETURN_BATCH_ABORT``, ``WHOSETURN_BATCH_ABORT_MAX``, ``WHOSETURN_FAIR_SHARE``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,9 +231,56 @@ DNS_SCHEME_PREFIX = "dns+"
 
 ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
+TIERS = ("critical", "standard", "sheddable")
 ROUTE_BY = ("prefix", "affinity", "load")
 BATCH_STORES = ("sqlite", "postgres")
 BATCH_ABORTS = ("off", "on", "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLimits:
+    """What one tenant may use (None: no limit). Requests and tokens count over a
+    sliding minute (:mod:`proxy.scheduler.limits`): a request past one is refused
+    with 429 and ``Retry-After`` at the HTTP edge; a batch line waits instead, as
+    do batch jobs and lines past theirs: batch work is held, never failed."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt (as counted at admission) + completion tokens
+    streams: int | None = None  # requests in flight at once (interactive and batch lines)
+    batch_jobs: int | None = None  # batch jobs running at once
+    batch_lines: int | None = None  # batch lines in flight at once
+
+    def any(self) -> bool:
+        """Whether any limit is set (a tenant with none costs the meter nothing)."""
+        return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+
+LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(TenantLimits))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tenant:
+    """Who a request is for, in the scheduler's fair share and the limits: its
+    ``weight`` against the other tenants of its class, its ``tier`` (a band within
+    the class, carried into the engine's ``priority``), its ``limits``.
+    ``configured``: named by an API key of the config; the metrics label only those
+    by name, so that callers cannot grow their series."""
+
+    name: str  # "" anonymous
+    weight: float = 1.0
+    tier: str = "standard"  # one of TIERS
+    limits: TenantLimits = TenantLimits()
+    configured: bool = False
+
+
+ANONYMOUS = Tenant(name="")
+"""The tenant of a request that names none (a probe's, a test's): weight 1, standard."""
+
+
+def key_tenant_name(key: str) -> str:
+    """The tenant of a key that names none: ``key-`` and the start of the key's
+    SHA-256, so that two keys are two tenants and the name tells nothing of the key."""
+    return "key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,15 +288,39 @@ class ApiKey:
     """One API key and its policy. ``role``: ``user`` may use every route, ``read``
     only the reads (models, metrics, turn, status, API docs; for dashboards and
     Prometheus). ``classes``: the traffic classes it may use. ``class_override``:
-    whether it may choose its class by the ``X-Whoseturn-Class`` header."""
+    whether it may choose its class by the ``X-Whoseturn-Class`` header.
+    ``tenant`` (default: :func:`key_tenant_name` of the key), ``weight``, ``tier``
+    and ``limits``: the tenant its requests are for and that tenant's policy, the
+    same in every key that names it."""
 
     key: str
     role: str = "user"
     classes: tuple[str, ...] = CLASSES
     class_override: bool = False
+    tenant: str = ""
+    weight: float = 1.0
+    tier: str = "standard"
+    limits: TenantLimits = TenantLimits()
+
+    def __post_init__(self) -> None:
+        if not self.tenant:
+            object.__setattr__(self, "tenant", key_tenant_name(self.key))
 
     def __repr__(self) -> str:  # never the key itself
-        return f"ApiKey(role={self.role!r}, classes={self.classes!r})"
+        return (
+            f"ApiKey(role={self.role!r}, classes={self.classes!r}, tenant={self.tenant!r}, "
+            f"weight={self.weight!r}, tier={self.tier!r})"
+        )
+
+    def as_tenant(self) -> Tenant:
+        """The key's tenant, as configured."""
+        return Tenant(
+            name=self.tenant,
+            weight=self.weight,
+            tier=self.tier,
+            limits=self.limits,
+            configured=True,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +340,9 @@ class ServingSettings:
     # ``affinity`` (the least prefill in flight, a conversation kept on its engine),
     # ``load`` (the least prefill in flight)
     route_by: str = "prefix"
+    # within each class, tenants served by a weighted fair share of the tokens (off:
+    # arrival order within a class; proxy.scheduler.fair)
+    fair_share: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,11 +352,31 @@ class AccessSettings:
     PREFIX: ClassVar[str] = ""
 
     class_override: bool | tuple[str, ...] | None = None
-    api_keys: tuple[str | ApiKey, ...] = ()
+    api_keys: tuple[str | ApiKey, ...] = field(default=(), repr=False)  # secrets: never shown
 
     def key_policies(self) -> tuple[ApiKey, ...]:
         """Every API key with its policy (a plain string is a ``user`` key)."""
         return tuple(k if isinstance(k, ApiKey) else ApiKey(key=k) for k in self.api_keys)
+
+    def tenant(self, name: str) -> Tenant:
+        """The tenant ``name`` as its keys configure it; else (a tenant found by a key
+        or an address with no ``api_keys``, or an anonymous one) weight 1, standard,
+        no limits, not configured."""
+        found = self._tenants.get(name)
+        return found if found is not None else Tenant(name=name)
+
+    def tenant_names(self) -> tuple[str, ...]:
+        """The configured tenants' names, each once, in the order of their keys."""
+        return tuple(self._tenants)
+
+    @functools.cached_property
+    def _tenants(self) -> dict[str, Tenant]:
+        """The configured tenants by name (looked up once per request: built once).
+        Keys of one tenant agree on its policy (checked at load)."""
+        tenants: dict[str, Tenant] = {}
+        for key in self.key_policies():
+            tenants.setdefault(key.tenant, key.as_tenant())
+        return tenants
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,7 +527,7 @@ def _fields(cls: type[Any]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-_NOUNS = {"int": "an integer", "float": "a number", "str": "a string"}
+_NOUNS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 
 
 def _typed(cls: type[Any], data: Mapping[str, Any], where: str, key: str = "") -> dict[str, Any]:
@@ -439,6 +543,8 @@ def _typed(cls: type[Any], data: Mapping[str, Any], where: str, key: str = "") -
         value = out[name]
         if kind == "str":
             ok = isinstance(value, str)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
         else:
             number = isinstance(value, int | float) and not isinstance(value, bool)
             ok = number and (kind == "float" or isinstance(value, int))
@@ -522,25 +628,103 @@ def _class_override(value: Any) -> bool | tuple[str, ...] | None:
     return value  # type: ignore[no-any-return]
 
 
-def _api_key(data: Any, index: int) -> str | ApiKey:
-    """A plain key string, or ``{key, role, classes, class_override}``."""
+KEY_SOURCES = ("key", "key_file", "key_env")
+"""Where a key entry's secret comes from: given, read from a file, or from the
+environment; exactly one of them."""
+
+
+def _api_key(data: Any, index: int, env: Mapping[str, str]) -> str | ApiKey:
+    """A plain key string, or ``{key | key_file | key_env, role, classes,
+    class_override, tenant, weight, tier, limits}``. No error shows the secret."""
     where = f"api_keys[{index}]"
     if isinstance(data, str | int):
         return str(data)
     _check(isinstance(data, Mapping), where, "expected a key or a mapping with `key`")
-    _known(_fields(ApiKey), data, where)
-    _check(isinstance(data.get("key"), str) and bool(data["key"]), f"{where}.key", "required")
+    _known([*KEY_SOURCES[1:], *_fields(ApiKey)], data, where)
+    secret = _secret(data, where, env)
     _check(data.get("role", "user") in ROLES, f"{where}.role", f"expected one of {ROLES}")
     classes = tuple(data.get("classes", CLASSES))
     _check(set(classes) <= set(CLASSES), f"{where}.classes", f"expected some of {CLASSES}")
     override = data.get("class_override", False)
     _check(isinstance(override, bool), f"{where}.class_override", "expected true or false")
-    role = str(data.get("role", "user"))
-    return ApiKey(key=data["key"], role=role, classes=classes, class_override=override)
+    tenant = data.get("tenant", "")
+    _check(isinstance(tenant, str), f"{where}.tenant", "expected a name")
+    weight = data.get("weight", 1.0)
+    _check(
+        isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0,
+        f"{where}.weight",
+        f"expected a positive number, got {weight!r}",
+    )
+    tier = data.get("tier", "standard")
+    _check(tier in TIERS, f"{where}.tier", f"expected one of {TIERS}")
+    return ApiKey(
+        key=secret,
+        role=str(data.get("role", "user")),
+        classes=classes,
+        class_override=override,
+        tenant=tenant.strip(),
+        weight=float(weight),
+        tier=tier,
+        limits=_limits(data.get("limits") or {}, f"{where}.limits"),
+    )
 
 
-def settings_from_dict(data: Mapping[str, Any]) -> Settings:
-    """Validate a settings document (the merged YAML, environment and flags)."""
+def _secret(data: Mapping[str, Any], where: str, env: Mapping[str, str]) -> str:
+    """The key of an entry: ``key`` itself, the contents of ``key_file`` (without
+    the line end), or environment variable ``key_env``; errors name the entry and
+    the file or variable, never the key."""
+    given = [k for k in KEY_SOURCES if k in data]
+    _check(bool(given), f"{where}.key", "required (or key_file: PATH, or key_env: VARIABLE)")
+    _check(len(given) == 1, where, f"give one of key, key_file and key_env, not {given}")
+    source, value = given[0], data[given[0]]
+    _check(isinstance(value, str) and bool(value), f"{where}.{source}", "expected a string")
+    if source == "key_file":
+        try:
+            secret = Path(value).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{where}.key_file", f"cannot read {value}: {why}") from None
+        _check(bool(secret), f"{where}.key_file", f"{value} is empty")
+        return secret
+    if source == "key_env":
+        secret = env.get(value, "").strip()
+        _check(bool(secret), f"{where}.key_env", f"environment variable {value} is unset or empty")
+        return secret
+    return str(value)
+
+
+def _limits(data: Any, where: str) -> TenantLimits:
+    _check(isinstance(data, Mapping), where, f"expected a mapping of some of {list(LIMIT_KEYS)}")
+    _known(LIMIT_KEYS, data, where)
+    for name, value in data.items():
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        _check(
+            ok or value is None, f"{where}.{name}", f"expected a positive integer, got {value!r}"
+        )
+    return TenantLimits(**data)
+
+
+def _same_tenants(keys: tuple[str | ApiKey, ...]) -> None:
+    """Keys that name one tenant give it one policy: its weight, tier and limits."""
+    first: dict[str, tuple[int, ApiKey]] = {}
+    for index, entry in enumerate(keys):
+        key = entry if isinstance(entry, ApiKey) else ApiKey(key=entry)
+        seen = first.setdefault(key.tenant, (index, key))
+        other = seen[1]
+        for name in ("weight", "tier", "limits"):
+            _check(
+                getattr(key, name) == getattr(other, name),
+                f"api_keys[{index}].{name}",
+                f"tenant {key.tenant!r} has {name} {getattr(other, name)!r} in "
+                f"api_keys[{seen[0]}]: the keys of one tenant must agree on weight, "
+                f"tier and limits",
+            )
+
+
+def settings_from_dict(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+    """Validate a settings document (the merged YAML, environment and flags); ``env``
+    (default: the process's) holds the keys given as ``key_env``."""
+    env = os.environ if env is None else env
     _known(FILE_KEYS, data, "settings")
     body = dict(data)
     if isinstance(body.get("batch_abort"), bool):  # YAML reads a bare off / on as a bool
@@ -548,7 +732,10 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     targets = _targets(body)
     engines = _engines(body.pop("engines", None), targets)
     body["class_override"] = _class_override(body.pop("class_override", None))
-    body["api_keys"] = tuple(_api_key(k, i) for i, k in enumerate(body.pop("api_keys", ()) or ()))
+    keys = body.pop("api_keys", ()) or ()
+    _check(isinstance(keys, list | tuple), "api_keys", "expected a list")
+    body["api_keys"] = tuple(_api_key(k, i, env) for i, k in enumerate(keys))
+    _same_tenants(body["api_keys"])
     for section in _SECTIONS.values():
         body = _typed(section, body, "", section.PREFIX)
     settings = Settings.from_keys(engines, **body)
@@ -650,7 +837,17 @@ def _check_batch(s: BatchSettings) -> None:
     _check(s.retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
-_ENV: dict[str, tuple[str, type]] = {
+def boolean(text: str) -> bool:
+    """An environment variable's yes or no: true/false, 1/0, yes/no, on/off."""
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "WHOSETURN_HOST": ("host", str),
     "WHOSETURN_PORT": ("port", int),
     "WHOSETURN_TTFT_TARGET_S": ("ttft_target_s", float),
@@ -674,6 +871,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "WHOSETURN_BATCH_ABORT_MAX": ("batch_abort_max", int),
     "WHOSETURN_BATCH_STORE": ("batch_store", str),
     "WHOSETURN_BATCH_DSN": ("batch_dsn", str),
+    "WHOSETURN_FAIR_SHARE": ("fair_share", boolean),
 }
 
 
@@ -684,7 +882,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             try:
                 out[key] = kind(env[var])
             except ValueError as exc:
-                raise ConfigError(var, f"cannot read {env[var]!r} as {kind.__name__}") from exc
+                what = getattr(kind, "__name__", "a value")
+                raise ConfigError(var, f"cannot read {env[var]!r} as {what}") from exc
     if env.get("WHOSETURN_ENGINES"):
         out["engines"] = [u.strip() for u in env["WHOSETURN_ENGINES"].split(",") if u.strip()]
     return out
@@ -722,4 +921,4 @@ def load_settings(
         merged.update(_from_file(default))
     merged.update(_from_env(env))
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return settings_from_dict(merged)
+    return settings_from_dict(merged, env)

@@ -14,12 +14,17 @@ floors above feed them without declaring any:
 - the shared ledger (:mod:`proxy.replicas`) and the Batch API (:mod:`proxy.batch`)
   attach what their families read at scrape time (:class:`LedgerState`,
   :class:`Health`, :class:`Deadline`); until they do, their families are not
-  exported (one replica alone; batch off).
+  exported (one replica alone; batch off);
+- each tenant's requests, waits, TTFT, tokens and refusals are counted as they
+  happen, and its queue, work in flight and share of its class read from the
+  scheduler at scrape time (:class:`TenantMetrics`). Its label is its name only for
+  a tenant named in the config; every other tenant is ``other``, so the series stay
+  as few as the config makes them whoever calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from proxy.scheduler import EngineState, Scheduler, TrafficClass
+from proxy.scheduler.fair import TenantShare
 
 TTFT_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
@@ -50,6 +56,11 @@ OUTCOMES = ("ok", "client_error", "engine_error", "cancelled", "rejected")
 BATCH_RECORD_STATUSES = ("completed", "failed", "valid", "invalid")
 BATCH_TOKEN_KINDS = ("prompt", "completion")
 PIECE_FALLBACKS = ("cache_miss", "piece_failed")
+TENANT_TOKEN_KINDS = ("prompt", "completion")
+# a tenant's limits (proxy.config.TenantLimits), the values of ``limit``
+TENANT_LIMITS = ("requests_per_minute", "tokens_per_minute", "streams", "batch_jobs", "batch_lines")
+OTHER_TENANT = "other"  # the label of every tenant the config does not name
+TENANT_CLASS = ("tenant", "class")
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -333,6 +344,149 @@ class PieceMetrics:
             self.fallbacks.labels(name, reason)
 
 
+class TenantReads(Protocol):
+    """What the per-tenant gauges read at scrape time (:class:`Scheduler`)."""
+
+    def tenant_shares(self) -> Sequence[TenantShare]: ...
+
+    def fairness(self, cls: TrafficClass) -> float | None: ...
+
+
+class TenantCollector(Collector):
+    """Each tenant's queue, work in flight, share and what it is owed, and each
+    class's fairness index, read from the scheduler at scrape time. Tenants that
+    share a label (``other``) are summed: their jobs, their part of the class's
+    tokens and of its weights add up."""
+
+    def __init__(self, reads: TenantReads, label: Callable[[str], str]) -> None:
+        self.reads = reads
+        self.label = label
+
+    def collect(self) -> Iterator[Metric]:
+        """The families, from one read of the scheduler (nothing runs)."""
+        queued = _gauge(
+            "whoseturn_tenant_queued", "Tenant's requests queued in the proxy", *TENANT_CLASS
+        )
+        in_flight = _gauge(
+            "whoseturn_tenant_in_flight", "Tenant's requests on engines", *TENANT_CLASS
+        )
+        share = _gauge(
+            "whoseturn_tenant_share",
+            "Tenant's part of its class's tokens served in the fair-share window",
+            *TENANT_CLASS,
+        )
+        owed = _gauge(
+            "whoseturn_tenant_owed_share",
+            "Tenant's weight over the weights of its class's active tenants",
+            *TENANT_CLASS,
+        )
+        sums: dict[tuple[str, str], list[float]] = {}
+        for t in self.reads.tenant_shares():
+            row = sums.setdefault((self.label(t.tenant), t.cls.value), [0.0, 0.0, 0.0, 0.0])
+            for i, part in enumerate((t.queued, t.in_flight, t.share, t.owed)):
+                row[i] += part
+        for key, (q, f, s, o) in sums.items():
+            queued.add_metric(list(key), q)
+            in_flight.add_metric(list(key), f)
+            share.add_metric(list(key), s)
+            owed.add_metric(list(key), o)
+        index = _gauge(
+            "whoseturn_fairness_index",
+            "Jain's index of tokens served over weight, of the class's tenants that "
+            "waited in the window (1: fair; absent with fewer than two)",
+            "class",
+        )
+        for c in TrafficClass:
+            value = self.reads.fairness(c)
+            if value is not None:
+                index.add_metric([c.value], value)
+        yield from (queued, in_flight, share, owed, index)
+
+
+class TenantMetrics:
+    """``whoseturn_tenant_*`` and ``whoseturn_fairness_index``: what each tenant sent
+    and got. Labels are bounded by the config: a tenant it names by its name, every
+    other tenant (anonymous, a key's hash, a client's address) ``other``. The request
+    path counts requests, waits, TTFT and tokens; the HTTP edge and the batch runner
+    count refusals (:meth:`limited`)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, reads: TenantReads, configured: Collection[str] = ()
+    ) -> None:
+        self.configured = frozenset(configured)
+        self.requests = Counter(
+            "whoseturn_tenant_requests",
+            "Tenant's requests, counted at their first token or their end",
+            TENANT_CLASS,
+            registry=registry,
+        )
+        self.wait = Histogram(
+            "whoseturn_tenant_wait_seconds",
+            "Tenant's time queued in the proxy",
+            TENANT_CLASS,
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "whoseturn_tenant_ttft_seconds",
+            "Tenant's arrival at the proxy to first token",
+            TENANT_CLASS,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.token_count = Counter(
+            "whoseturn_tenant_tokens",
+            "Tenant's tokens (engine usage)",
+            [*TENANT_CLASS, "kind"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "whoseturn_tenant_limited",
+            "Tenant's requests refused (429) or batch lines held, by the limit reached",
+            ["tenant", "limit"],
+            registry=registry,
+        )
+        registry.register(TenantCollector(reads, self.label))
+        for name in (*sorted(self.configured), OTHER_TENANT):
+            self._create_children(name)
+
+    def _create_children(self, label: str) -> None:
+        """Counters start at 0, so that ``increase()`` sees a tenant's first event."""
+        for c in TrafficClass:
+            self.requests.labels(label, c.value)
+            for kind in TENANT_TOKEN_KINDS:
+                self.token_count.labels(label, c.value, kind)
+        for limit in TENANT_LIMITS:
+            self.refusals.labels(label, limit)
+
+    def label(self, tenant: str) -> str:
+        """A configured tenant's name; ``other`` for every other tenant."""
+        return tenant if tenant in self.configured else OTHER_TENANT
+
+    def request(
+        self, tenant: str, cls: TrafficClass, *, waited_s: float, ttft_s: float | None
+    ) -> None:
+        """Once per request: at its first token (``ttft_s``) or at its end without
+        one (None); ``waited_s`` is the time it was queued in the proxy."""
+        label = self.label(tenant)
+        self.requests.labels(label, cls.value).inc()
+        self.wait.labels(label, cls.value).observe(waited_s)
+        if ttft_s is not None:
+            self.ttft.labels(label, cls.value).observe(ttft_s)
+
+    def tokens(self, tenant: str, cls: TrafficClass, prompt: int, completion: int) -> None:
+        """A request's tokens, from the engine's usage, at its end."""
+        label = self.label(tenant)
+        for kind, n in (("prompt", prompt), ("completion", completion)):
+            if n > 0:
+                self.token_count.labels(label, cls.value, kind).inc(n)
+
+    def limited(self, tenant: str, limit: str) -> None:
+        """A request refused with 429, or a batch line held, for ``limit`` (a
+        :data:`TENANT_LIMITS` name)."""
+        self.refusals.labels(self.label(tenant), limit).inc()
+
+
 class ProxyMetrics:
     """Every family of docs/metrics.md, in its order, on a registry of the app's own."""
 
@@ -342,7 +496,10 @@ class ProxyMetrics:
         ttft_target_s: float,
         gap_target_s: float = 0.1,
         engine_urls: Mapping[str, str] | None = None,
+        tenant_names: Collection[str] = (),
     ) -> None:
+        """``tenant_names``: the tenants the config names (their own label; every
+        other tenant is ``other``)."""
         self.registry = CollectorRegistry(auto_describe=True)
         urls = engine_urls if engine_urls is not None else {}  # the fleet adds to it
         self.registry.register(SchedulerCollector(scheduler, urls))
@@ -353,6 +510,7 @@ class ProxyMetrics:
         self.batch = BatchMetrics()
         self.registry.register(self.batch)
         self.pieces = PieceMetrics(self.registry)
+        self.tenants = TenantMetrics(self.registry, scheduler, tenant_names)
         self._create_children(scheduler)
 
     def _request_path(self) -> None:

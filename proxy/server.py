@@ -3,9 +3,10 @@ lifecycle.
 
 - **startup** (:func:`startup`): one HTTP client for all engines, the engine pool,
   the models each engine serves (configured, else asked), the scheduler, the
-  admission in front of it, the engine monitor, the metrics, the prompt counter and
-  the forwarder; then one round of health checks and load scrapes, and the
-  background loops.
+  admission in front of it, the engine monitor, the metrics, the prompt counter,
+  the tenants' limits (:class:`~proxy.scheduler.limits.TenantMeter`, reached as
+  ``services.meter``) and the forwarder; then one round of health checks and load
+  scrapes, and the background loops.
 - **run**: the engine monitor (health, load scrapes), the tick loop (turn
   accounting and the budget loops move on when no request does; it may dispatch)
   late model discovery for engines that were unreachable at start or joined later,
@@ -64,6 +65,7 @@ from proxy.engines import (
 from proxy.metrics import ProxyMetrics
 from proxy.replicas import Ledger, SharedBudget
 from proxy.scheduler import HoldRules, Scheduler, SchedulerSettings
+from proxy.scheduler.limits import TenantMeter
 
 logger = logging.getLogger(__name__)
 TICK_S = 0.05
@@ -191,6 +193,7 @@ def _scheduler_settings(settings: Settings) -> SchedulerSettings:
     return SchedulerSettings(
         decision_log_size=settings.serving.decision_log_size,
         route_by=settings.serving.route_by,
+        fair_share=settings.serving.fair_share,
         abort_limit=settings.sharing.batch_abort_max,
         hold=HoldRules(
             hold_timeout_s=settings.sharing.hold_timeout_s,
@@ -227,7 +230,11 @@ async def build(
     monitor = EngineMonitor(pool, admission, settings)
     urls = {c.name: c.url for c in settings.engines if not c.by_dns}
     metrics = ProxyMetrics(
-        scheduler, settings.serving.ttft_target_s, settings.serving.gap_target_s, urls
+        scheduler,
+        settings.serving.ttft_target_s,
+        settings.serving.gap_target_s,
+        urls,
+        tenant_names=settings.access.tenant_names(),
     )
     piece_sender = _piece_sender(settings, pool, admission, clock, metrics)
     a = admission
@@ -242,7 +249,8 @@ async def build(
     timeouts = ReadTimeouts(
         settings.upstream.first_byte_timeout_s, settings.upstream.idle_timeout_s
     )
-    services = Services(admission, metrics, clock, counter, timeouts)
+    meter = TenantMeter(clock)  # the tenants' limits: the edge's, the batch runner's
+    services = Services(admission, metrics, clock, counter, timeouts, meter)
     replica = settings.replicas.replica_id or default_replica_id()
     shared = _shared_budget(settings, admission, pool, ledger, replica)
     reserve = None
@@ -257,7 +265,11 @@ async def build(
     )  # fmt: skip
     await _discover_models(state)
     state.batch = await build_batch(
-        settings, forwarder.complete, metrics, lambda: not admission.engines_without_models()
+        settings,
+        forwarder.complete,
+        metrics,
+        lambda: not admission.engines_without_models(),
+        meter=meter,  # a job's lines count against its tenant's limits with its requests
     )
     return state
 

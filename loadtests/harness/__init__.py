@@ -13,6 +13,6 @@ loadtest``; ``whoseturn demo`` runs it too).
   :mod:`.stalls` (the machine's own stops);
 - the figures: :mod:`.validity` (whether an answer counts), :mod:`.measures`,
   :mod:`.buckets` (TTFT by prompt length), :mod:`.engine_histograms` (the engine's
-  own view);
+  own view), :mod:`.tenants` (a row per tenant);
 - the report: :mod:`.report`, :mod:`.report_sections`, :mod:`.plots`.
 """

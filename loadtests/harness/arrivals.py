@@ -7,6 +7,8 @@ duration, from a seeded generator, so a workload sends the same schedule every r
 - **gamma** bursts at ``rate`` with ``burstiness`` ``b``: gamma gaps of shape ``1 / b``
   and the same mean, so ``b = 1`` is Poisson and a larger ``b`` clumps the requests
   (the coefficient of variation of the gaps is ``sqrt(b)``), as vLLM's benchmark does;
+- **periodic** at ``rate``: one every ``1 / rate`` seconds, the first after one gap
+  (a client on a timer, as a health check or a dashboard is);
 - **trace**: the times listed in a file, one a line (blank lines and ``#`` comments
   skipped), sorted and cut at the duration.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-__all__ = ["gamma_times", "poisson_times", "trace_times"]
+__all__ = ["gamma_times", "periodic_times", "poisson_times", "trace_times"]
 
 
 def poisson_times(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -40,6 +42,18 @@ def gamma_times(rate: float, burstiness: float, duration_s: float, seed: int) ->
     while t < duration_s:
         times.append(t)
         t += rng.gammavariate(shape, scale)
+    return times
+
+
+def periodic_times(rate: float, duration_s: float) -> list[float]:
+    """One arrival every ``1 / rate`` seconds within ``(0, duration_s)``."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    times: list[float] = []
+    k = 1
+    while (t := k / rate) < duration_s:
+        times.append(t)
+        k += 1
     return times
 
 

@@ -52,6 +52,16 @@ class Record:
     text: str = ""
     # The JSON schema the prompt asks the answer to follow (extraction prompts), if any.
     schema: dict[str, Any] | None = None
+    # The tenant that sent it (the workload file's name; "" for a request sent without a key).
+    tenant: str = ""
+
+    @property
+    def tokens(self) -> int | None:
+        """Prompt and completion tokens as the answer's usage counts them; None
+        without usage (an error, or a stream closed before its end)."""
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + self.completion_tokens
 
     @property
     def ttft(self) -> float | None:
@@ -139,12 +149,18 @@ class Record:
         return {**asdict(self), **times, **self.assessment().to_json()}
 
 
-async def stream(http: httpx.AsyncClient, record: Record, body: dict[str, Any]) -> Record:
-    """POST ``body`` (streamed, with usage) to ``record.url`` and fill in ``record``."""
+async def stream(
+    http: httpx.AsyncClient,
+    record: Record,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> Record:
+    """POST ``body`` (streamed, with usage) to ``record.url`` with ``headers`` (a
+    tenant's ``Authorization``) and fill in ``record``."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     record.sent_at = time.monotonic()
     try:
-        async with http.stream("POST", record.url, json=body) as response:
+        async with http.stream("POST", record.url, json=body, headers=headers) as response:
             record.headers_at = time.monotonic()
             record.status = response.status_code
             record.engine = response.headers.get("x-whoseturn-engine")

@@ -185,6 +185,11 @@ def dry_run(workload: Workload) -> str:
             f"prompts from {c.prompt_source}, {c.max_tokens} tokens"
             for c in workload.classes
         ),
+        *(
+            f"  tenant {t.name}: its key sent as a bearer token (a proxy without config "
+            f"names it {t.proxy_name})"
+            for t in workload.tenants
+        ),
     ]
     for arm in workload.arms:
         lines.append(f"arm {arm.name} (via {arm.via})")

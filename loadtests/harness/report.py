@@ -15,7 +15,7 @@ import math
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,9 @@ from loadtests.harness.report_sections import (
     length_lines,
     ms,
     stall_lines,
+    tenant_lines,
 )
+from loadtests.harness.tenants import TenantSummary
 from loadtests.harness.workload_file import Workload
 from loadtests.support.markdown import markdown_table
 
@@ -58,7 +60,8 @@ class Findings:
     answer check (``(compared, differing)``, None for one arm), the workload's bars
     judged, the machine's peaks, the servers the harness started, the machine's stops
     and the figures they disturbed, the warm TTFT by prompt length, and the engines'
-    histograms beside the client's view."""
+    histograms beside the client's view; with more than one tenant, each tenant's
+    row (arm: rows, warm runs)."""
 
     answers: tuple[int, int] | None
     verdicts: list[str]
@@ -68,6 +71,7 @@ class Findings:
     disturbed: dict[str, list[str]]
     by_prompt: dict[str, dict[str, list[LengthFigures]]]
     engines: dict[str, dict[str, Any]]
+    tenants: dict[str, list[TenantSummary]] = field(default_factory=dict)
 
 
 def write_records(out: Path, arms: dict[str, list[dict[str, Any]]]) -> None:
@@ -98,7 +102,8 @@ def write_result(
     reasoning: str,
 ) -> None:
     """``result.json``: the workload, the pinned ``setup`` (with the runtime's versions
-    added), the figures per arm and class, the warm TTFT by prompt length, the
+    added), the figures per arm and class, each tenant's (more than one), the warm
+    TTFT by prompt length, the
     engines' queue and prefill histograms per phase beside the client's view, the
     answer check, the machine's stops per arm and the figures they disturbed, the
     reasoning, the date."""
@@ -115,6 +120,9 @@ def write_result(
             for arm, by_class in findings.by_prompt.items()
         },
         "engine_histograms": findings.engines,
+        "tenants": {
+            arm: [_json_safe(asdict(t)) for t in rows] for arm, rows in findings.tenants.items()
+        },
         "answer_check": None
         if findings.answers is None
         else {"compared": findings.answers[0], "differing": findings.answers[1]},
@@ -211,8 +219,9 @@ def write_report(
     plots: Sequence[str],
 ) -> None:
     """``report.md``: what ran (``intro``), the table (disturbed figures said below
-    it), TTFT by prompt length, the engines' view of queue and prefill beside the
-    client's, the answer check, the machine's stops, the plots."""
+    it), the tenants' rows (more than one tenant), TTFT by prompt length, the
+    engines' view of queue and prefill beside the client's, the answer check, the
+    machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
@@ -231,6 +240,7 @@ def write_report(
         table,
         "",
         *disturbed_lines(findings.disturbed, findings.stalls),
+        *tenant_lines(findings.tenants),
         *length_lines(findings.by_prompt),
         *engine_lines(findings.engines),
     ]

@@ -1,4 +1,5 @@
-"""The report's sections on what the side-by-side table does not show: TTFT by
+"""The report's sections on what the side-by-side table does not show: each
+tenant's requests, TTFT and share of tokens (:mod:`loadtests.harness.tenants`), TTFT by
 prompt length (:mod:`loadtests.harness.buckets`), the engines' queue and prefill histograms
 beside the client's view (:mod:`loadtests.harness.engine_histograms`), and the machine's
 stops with the figures they disturbed (:func:`loadtests.harness.stalls.attribute`). Each
@@ -12,11 +13,51 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadtests.harness.buckets import BUCKETS, UNKNOWN, LengthFigures
+from loadtests.harness.tenants import TenantSummary
 from loadtests.support.markdown import markdown_table
 
 
 def ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
+
+
+def tenant_table(tenants: dict[str, list[TenantSummary]]) -> str:
+    """A row per arm and tenant: requests, TTFT p50 / p95, tokens and share of
+    tokens; "" when no arm has more than one tenant (the class table says it all)."""
+    if all(len(rows) < 2 for rows in tenants.values()):
+        return ""
+    rows: list[Sequence[str]] = [
+        (
+            arm,
+            t.label,
+            f"{t.requests:,}",
+            ms(t.ttft_p50),
+            ms(t.ttft_p95),
+            f"{t.tokens:,}",
+            "-" if math.isnan(t.share) else f"{t.share:.1%}",
+        )
+        for arm, summaries in tenants.items()
+        for t in summaries
+    ]
+    header = ("arm", "tenant", "requests", "TTFT p50", "TTFT p95", "tokens", "share of tokens")
+    return markdown_table(header, rows)
+
+
+def tenant_lines(tenants: dict[str, list[TenantSummary]]) -> list[str]:
+    """The tenants' section (:func:`tenant_table`), none with one tenant."""
+    table = tenant_table(tenants)
+    if not table:
+        return []
+    return [
+        "## Tenants",
+        "",
+        "Each tenant's requests sent after the warm-up (a Batch API job's lines counted), "
+        "their TTFT, and their answers' tokens as the usage counts them (prompt + "
+        "completion); the share is of all tenants' tokens in the arm (warm runs).",
+        "",
+        table,
+        "",
+    ]
 
 
 def length_lines(by_prompt: dict[str, dict[str, list[LengthFigures]]]) -> list[str]:

@@ -41,8 +41,9 @@ from loadtests.harness.report import (
     write_report,
     write_result,
 )
-from loadtests.harness.report_sections import ms
+from loadtests.harness.report_sections import ms, tenant_table
 from loadtests.harness.stalls import Phase, StallWatch, attribute
+from loadtests.harness.tenants import summarize_tenants
 from loadtests.harness.traffic import ArmRun, Route, new_run, run_arm
 from loadtests.harness.watch import in_background, listening_pid, peaks, watching
 from loadtests.harness.workload_file import Workload
@@ -234,6 +235,8 @@ def finish(
     )
     write_report(out, workload, found, intro=intro, table=warm_table, plots=drawn)
     print(warm_table)
+    if tenants := tenant_table(found.tenants):
+        print(f"\nTenants (warm runs):\n\n{tenants}")
     if found.answers is not None:
         print(f"\nAnswer check: {found.answers[0]} compared, {found.answers[1]} differ.")
     if found.verdicts:
@@ -266,6 +269,9 @@ def findings(
             }
             for arm, r in arms.items()
         },
+        tenants={arm: summarize_tenants(workload, r.warm) for arm, r in arms.items()}
+        if len(workload.tenant_names()) > 1
+        else {},
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from loadtests.harness.arrivals import gamma_times, trace_times
+from loadtests.harness.arrivals import gamma_times, periodic_times, trace_times
 from loadtests.harness.client import Record, close, stream
 from loadtests.harness.corpus import SETS, answer_schema, as_prompt, messages
 from loadtests.harness.validity import assess
@@ -67,6 +67,8 @@ def send_times(workload: Workload, cls: TrafficClass) -> list[float]:
     if a.process == "trace":
         assert a.trace is not None
         return trace_times(a.trace, duration)
+    if a.process == "periodic":
+        return periodic_times(a.rate, duration)
     return gamma_times(
         a.rate, a.burstiness, duration, workload.seed + zlib.crc32(cls.name.encode())
     )
@@ -126,8 +128,10 @@ class Job:
     whole: int = 0  # answered whole: status 200, exactly max_tokens tokens
     schema_checked: int = 0  # whole lines whose prompt carries a schema
     schema_valid: int = 0  # of those, the ones that follow it
+    tokens: int = 0  # prompt and completion tokens of the answered lines (their usage)
     cancelled_by_client: bool = False
     error: str | None = None
+    tenant: str = ""  # the tenant that submitted it ("" none)
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -225,7 +229,7 @@ async def _jobs(
     counter = itertools.count()
 
     async def one(i: int) -> None:
-        job = Job(f"{cls.name}-{i}", cls.name, cls.job_lines, time.monotonic())
+        job = Job(f"{cls.name}-{i}", cls.name, cls.job_lines, time.monotonic(), tenant=cls.tenant)
         run.jobs[cls.name].append(job)
         priority = run.priority.get(cls.name)
         await run_job(http, base, workload, cls, i, job, end, priority, run.number)
@@ -276,6 +280,7 @@ class OutputCount:
     schema_checked: int = 0  # whole answers whose prompt carries a schema
     schema_valid: int = 0
     valid: int = 0  # whole and, with a schema, schema-valid
+    tokens: int = 0  # prompt and completion tokens of the answers (their usage)
 
 
 def count_output(
@@ -284,7 +289,7 @@ def count_output(
     """A job's output file counted: every line with a response judged as a streamed
     answer is (:func:`loadtests.harness.validity.assess`), its prompt's schema looked up by
     ``custom_id`` in ``schemas`` (none: no schema)."""
-    answered = whole = checked = schema_valid = valid = 0
+    answered = whole = checked = schema_valid = valid = tokens = 0
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -292,12 +297,14 @@ def count_output(
         response = row.get("response") or {}
         answered += 1
         answer = response.get("body") or {}
+        usage = answer.get("usage") or {}
+        tokens += int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
         choice = (answer.get("choices") or [{}])[0]
         verdict = assess(
             status=response.get("status_code"),
             error=None,
             finish_reason=choice.get("finish_reason"),
-            completion_tokens=(answer.get("usage") or {}).get("completion_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
             max_tokens=max_tokens,
             text=_answer_text(choice),
             schema=(schemas or {}).get(row.get("custom_id", "")),
@@ -306,7 +313,7 @@ def count_output(
         checked += verdict.schema_valid is not None
         schema_valid += verdict.schema_valid is True
         valid += verdict.valid
-    return OutputCount(answered, whole, checked, schema_valid, valid)
+    return OutputCount(answered, whole, checked, schema_valid, valid, tokens)
 
 
 def _answer_text(choice: dict[str, Any]) -> str:
@@ -327,13 +334,18 @@ async def run_job(
     run: int = 0,
 ) -> Job:
     """Upload job ``i``'s file, create the batch, look at it every ``poll_s`` until it
-    ends (cancelling it at ``end``), then count its output; ``job``."""
+    ends (cancelling it at ``end``), then count its output; ``job``. Every call
+    carries the class's tenant's key, if it has one."""
+    headers = workload.headers(cls)
     try:
         files = {"file": (f"{job.id}.jsonl", job_file(workload, cls, i, priority, run))}
-        uploaded = await http.post(f"{base}/v1/files", files=files, data={"purpose": "batch"})
+        uploaded = await http.post(
+            f"{base}/v1/files", files=files, data={"purpose": "batch"}, headers=headers
+        )
         uploaded.raise_for_status()
         created = await http.post(
             f"{base}/v1/batches",
+            headers=headers,
             json={
                 "input_file_id": uploaded.json()["id"],
                 "endpoint": f"/v1{PATHS[cls.api]}",
@@ -347,14 +359,16 @@ async def run_job(
         while batch["status"] not in TERMINAL and time.monotonic() < give_up:
             if time.monotonic() >= end and not job.cancelled_by_client:
                 job.cancelled_by_client = True
-                await http.post(f"{base}/v1/batches/{job.batch_id}/cancel")
+                await http.post(f"{base}/v1/batches/{job.batch_id}/cancel", headers=headers)
             await asyncio.sleep(cls.poll_s)
-            batch = (await http.get(f"{base}/v1/batches/{job.batch_id}")).json()
+            batch = (await http.get(f"{base}/v1/batches/{job.batch_id}", headers=headers)).json()
         job.status = batch["status"]
         job.finished_at = time.monotonic()
         job.failed = int((batch.get("request_counts") or {}).get("failed", 0))
         if batch.get("output_file_id"):
-            content = await http.get(f"{base}/v1/files/{batch['output_file_id']}/content")
+            content = await http.get(
+                f"{base}/v1/files/{batch['output_file_id']}/content", headers=headers
+            )
             schemas = {
                 f"{cls.name}-{n}": schema(workload, cls, n)
                 for n in range(i * cls.job_lines, (i + 1) * cls.job_lines)
@@ -362,7 +376,7 @@ async def run_job(
             counted = count_output(content.text, cls.max_tokens, schemas)
             job.completed, job.valid = counted.answered, counted.valid
             job.whole, job.schema_checked = counted.whole, counted.schema_checked
-            job.schema_valid = counted.schema_valid
+            job.schema_valid, job.tokens = counted.schema_valid, counted.tokens
     except httpx.HTTPStatusError as exc:
         job.error = f"{exc.response.status_code}: {exc.response.text}"[:500]
     except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -378,7 +392,8 @@ async def _open_loop(
         await asyncio.sleep(max(0.0, run.started_at + at - time.monotonic()))
         record = _record(cls, i, route(cls), schema(workload, cls, i))
         run.records[cls.name].append(record)
-        tasks.append(asyncio.create_task(stream(http, record, run.body(workload, cls, i))))
+        sent = stream(http, record, run.body(workload, cls, i), workload.headers(cls))
+        tasks.append(asyncio.create_task(sent))
     await asyncio.gather(*tasks)
 
 
@@ -395,7 +410,8 @@ async def _worker(
         i = next(counter)
         record = _record(cls, i, route(cls), schema(workload, cls, i))
         run.records[cls.name].append(record)
-        task = asyncio.create_task(stream(http, record, run.body(workload, cls, i)))
+        sent = stream(http, record, run.body(workload, cls, i), workload.headers(cls))
+        task = asyncio.create_task(sent)
         open_streams[record.id] = task
         await asyncio.shield(task)
         del open_streams[record.id]
@@ -410,4 +426,5 @@ def _record(cls: TrafficClass, i: int, url: str, answer: dict[str, Any] | None) 
         max_tokens=cls.max_tokens,
         sent_at=0.0,
         schema=answer,
+        tenant=cls.tenant,
     )

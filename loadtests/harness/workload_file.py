@@ -19,7 +19,8 @@ classes:
                             # once; open: a job per arrival (the proxy arm only)
     api: chat               # chat: /chat/completions with messages; completions: a prompt
     arrival: {process: poisson, rate: 2.0}
-      # or {process: gamma, rate: R, burstiness: B}, {process: closed, concurrency: N},
+      # or {process: gamma, rate: R, burstiness: B}, {process: periodic, rate: R} (one
+      # every 1/R s), {process: closed, concurrency: N},
       # {process: trace, file: PATH}  (PATH relative to the workload file)
     prompt: {source: python-docs, chars: 400}
       # source: one of loadtests.harness.corpus.SETS: python-docs (needs chars), python-pages,
@@ -28,6 +29,13 @@ classes:
       # document)
     max_tokens: 48
     temperature: 0          # the default: greedy, so answers can be compared across arms
+tenants:                    # optional: clients with an API key each, and what each sends
+  - name: quiet             # letters, digits, - and _; its classes are named quiet/CLASS
+    key: quiet-key          # sent as `Authorization: Bearer KEY`; or key_env: VAR (read
+                            # at load); two tenants never share a key
+    classes:                # as the top-level classes (which, if any, send no key)
+      chat: {route: chat, api: chat, arrival: {process: periodic, rate: 2},
+             prompt: {source: python-docs, chars: 200}, max_tokens: 8}
 engines:                    # optional: the harness starts these, fresh for each arm
   count: 2
   command: whoseturn sim --profile cpu-tiny --port {port}
@@ -49,10 +57,20 @@ bars:                       # optional: verdicts on the warm figures, printed an
   - {figure: batch.done_p95, ratio: [proxy, direct], at_most: 1.2}
   - {all_valid: true}       # every request sent after warm-up answered whole
 ```
+
+With tenants, every record keeps its tenant, and with more than one tenant (the
+top-level classes count as one, without a key) the report has a row per tenant
+(:mod:`loadtests.harness.tenants`). A bar or an arm's ``priority`` names a tenant's
+class as ``TENANT/CLASS``. The keys never reach ``result.json``: a tenant is written
+there with the name the proxy gives a key it has no config for (``key-`` and the
+first 8 hex digits of the key's SHA-256), so its rows can be found in ``/turn/log``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,9 +81,10 @@ from loadtests.harness.corpus import NEEDS_CHARS, SETS
 
 ROUTES = ("chat", "batch", "batch-api")
 APIS = ("chat", "completions")
-PROCESSES = ("poisson", "gamma", "closed", "trace")
+PROCESSES = ("poisson", "gamma", "periodic", "closed", "trace")
 ARMS = ("direct", "proxy")
 SOURCES = tuple(SETS)
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class WorkloadError(ValueError):
@@ -93,6 +112,22 @@ class TrafficClass:
     prompt_source: str = "python-docs"
     job_lines: int = 0  # batch-api: requests per job
     poll_s: float = 1.0  # batch-api: how often a job is looked at
+    tenant: str = ""  # the tenant that sends it ("" none: no key sent)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tenant:
+    """A client of its own: its name and the API key it sends (``Authorization:
+    Bearer``); its classes are the workload's classes that name it."""
+
+    name: str
+    key: str = field(repr=False)
+
+    @property
+    def proxy_name(self) -> str:
+        """The tenant's name in a proxy that has no config for its key: ``key-`` and
+        the first 8 hex digits of the key's SHA-256 (the key itself is never kept)."""
+        return "key-" + hashlib.sha256(self.key.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,19 +187,34 @@ class Workload:
     proxy_settings: dict[str, Any] | None = None
     arms: tuple[ArmSpec, ...] = tuple(ArmSpec(name=a, via=a) for a in ARMS)
     bars: tuple[Bar, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
 
     @staticmethod
     def arms_default() -> tuple[ArmSpec, ...]:
         return tuple(ArmSpec(name=a, via=a) for a in ARMS)
 
+    def tenant_names(self) -> list[str]:
+        """The tenants that send something, in the file's order: "" first for the
+        top-level classes (no key) if there are any, then each tenant with a class."""
+        return list(dict.fromkeys(c.tenant for c in self.classes))
+
+    def headers(self, cls: TrafficClass) -> dict[str, str]:
+        """The headers every request of ``cls`` carries: its tenant's key, if any."""
+        for tenant in self.tenants:
+            if tenant.name == cls.tenant:
+                return {"Authorization": f"Bearer {tenant.key}"}
+        return {}
+
     def to_json(self) -> dict[str, Any]:
-        """The workload as plain data, for ``result.json``."""
+        """The workload as plain data, for ``result.json``: tenants by name and the
+        proxy's name for their key (:attr:`Tenant.proxy_name`), never the key."""
         from dataclasses import asdict
 
         data = asdict(self)
         for c in data["classes"]:
             if c["arrival"]["trace"] is not None:
                 c["arrival"]["trace"] = str(c["arrival"]["trace"])
+        data["tenants"] = [{"name": t.name, "proxy_name": t.proxy_name} for t in self.tenants]
         return data
 
 
@@ -214,24 +264,76 @@ def parse_workload(data: Any, *, base: Path) -> Workload:
     top = _mapping(
         data,
         "",
-        {"name", "model", "seed", "plan", "classes", "engines", "proxy", "arms", "bars"},
+        {"name", "model", "seed", "plan", "classes", "tenants", "engines", "proxy", "arms", "bars"},
     )
-    classes = _mapping(top.get("classes"), "classes", None)
+    plain = _mapping(top.get("classes", {}), "classes", None)
+    tenants, theirs = _tenants(top.get("tenants", []), base)
+    classes = (*(_class(str(k), v, base) for k, v in plain.items()), *theirs)
     if not classes:
         raise WorkloadError("classes: at least one traffic class is needed")
-    servers = _servers(top)
+    names = {c.name for c in classes}
+    if len(names) != len(classes):
+        raise WorkloadError("classes: a top-level class is named as a tenant's (TENANT/CLASS)")
+    servers = _servers(top, names)
     return Workload(
         name=_typed(top, "name", str, "", "workload"),
         model=_typed(top, "model", str, "", "tiny"),
         seed=_typed(top, "seed", int, "", 0),
         plan=_plan(top.get("plan", {})),
-        classes=tuple(_class(str(k), v, base) for k, v in classes.items()),
+        classes=classes,
         **servers,
-        bars=_bars(top.get("bars", []), top, servers.get("arms", Workload.arms_default())),
+        bars=_bars(top.get("bars", []), names, servers.get("arms", Workload.arms_default())),
+        tenants=tenants,
     )
 
 
-def _servers(top: dict[str, Any]) -> dict[str, Any]:
+def _tenants(data: Any, base: Path) -> tuple[tuple[Tenant, ...], list[TrafficClass]]:
+    """The ``tenants`` list: each tenant, and its classes named ``TENANT/CLASS``."""
+    if not isinstance(data, list):
+        raise WorkloadError("tenants: must be a list")
+    tenants: list[Tenant] = []
+    classes: list[TrafficClass] = []
+    for n, item in enumerate(data):
+        at = f"tenants[{n}]"
+        d = _mapping(item, at, {"name", "key", "key_env", "classes"})
+        name = _typed(d, "name", str, at + ".", None)
+        if not TENANT_NAME.fullmatch(name):
+            raise WorkloadError(f"{at}.name: letters, digits, - and _ only, not {name!r}")
+        if name in (t.name for t in tenants):
+            raise WorkloadError(f"{at}.name: {name!r} is named twice")
+        key = _key(d, at)
+        for m, other in enumerate(tenants):
+            if other.key == key:
+                # the proxy tells tenants apart by key: these two would be one
+                raise WorkloadError(f"{at}.key: the same key as tenants[{m}] ({other.name})")
+        own = _mapping(d.get("classes"), f"{at}.classes", None)
+        if not own:
+            raise WorkloadError(f"{at}.classes: at least one traffic class is needed")
+        tenants.append(Tenant(name=name, key=key))
+        for cls, value in own.items():
+            parsed = _class(f"{name}/{cls}", value, base, at=f"{at}.classes.{cls}.")
+            classes.append(replace(parsed, tenant=name))
+    return tuple(tenants), classes
+
+
+def _key(d: dict[str, Any], at: str) -> str:
+    """A tenant's key: ``key`` as written, or ``key_env``'s variable read now. An
+    error names the key or the variable, never the secret."""
+    if ("key" in d) == ("key_env" in d):
+        raise WorkloadError(f"{at}.key: give key or key_env, one of them")
+    if "key" in d:
+        key = _typed(d, "key", str, at + ".", None)
+    else:
+        var = _typed(d, "key_env", str, at + ".", None)
+        if var not in os.environ:
+            raise WorkloadError(f"{at}.key_env: the variable {var} is not set")
+        key = os.environ[var]
+    if not key or any(c.isspace() for c in key):
+        raise WorkloadError(f"{at}.key: empty, or with a space in it")
+    return str(key)
+
+
+def _servers(top: dict[str, Any], classes: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "engines" in top:
         d = _mapping(
@@ -260,7 +362,7 @@ def _servers(top: dict[str, Any]) -> dict[str, Any]:
         arms = top["arms"]
         if not isinstance(arms, list) or not arms:
             raise WorkloadError(f"arms: a list of arms, not {arms!r}")
-        out["arms"] = tuple(_arm(a, n, top) for n, a in enumerate(arms))
+        out["arms"] = tuple(_arm(a, n, top, classes) for n, a in enumerate(arms))
         names = [a.name for a in out["arms"]]
         if len(set(names)) != len(names):
             raise WorkloadError(f"arms: names must differ: {names}")
@@ -284,8 +386,8 @@ def _plan(data: Any) -> Plan:
     return plan
 
 
-def _class(name: str, data: Any, base: Path) -> TrafficClass:
-    at = f"classes.{name}."
+def _class(name: str, data: Any, base: Path, *, at: str = "") -> TrafficClass:
+    at = at or f"classes.{name}."
     keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature", "job_lines", "poll_s"}
     d = _mapping(data, at.rstrip("."), keys)
     prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
@@ -325,6 +427,13 @@ def _arrival(data: Any, at: str, base: Path) -> Arrival:
     process = _choice(d, "process", PROCESSES, at + ".")
     if process == "closed":
         return Arrival(process=process, concurrency=_positive(d, "concurrency", at + "."))
+    if process == "periodic":
+        rate = float(_typed(d, "rate", (int, float), at + ".", None))
+        if rate <= 0:
+            raise WorkloadError(f"{at}.rate: must be positive")
+        if "burstiness" in d:
+            raise WorkloadError(f"{at}.burstiness: a periodic process has none")
+        return Arrival(process=process, rate=rate)
     if process == "trace":
         file = base / _typed(d, "file", str, at + ".", None)
         if not file.is_file():
@@ -353,7 +462,7 @@ FIGURES = (
 )
 
 
-def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Bar, ...]:
+def _bars(data: Any, classes: set[str], arms: tuple[ArmSpec, ...]) -> tuple[Bar, ...]:
     if not isinstance(data, list):
         raise WorkloadError("bars: must be a list")
     names = {a.name for a in arms}
@@ -367,7 +476,7 @@ def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Ba
             continue
         figure = _typed(d, "figure", str, at, None)
         cls, _, name = figure.partition(".")
-        if cls not in (top.get("classes") or {}) or name not in FIGURES:
+        if cls not in classes or name not in FIGURES:
             raise WorkloadError(f"{at}figure: CLASS.FIGURE, FIGURE one of {', '.join(FIGURES)}")
         if ("above" in d) == ("at_most" in d):
             raise WorkloadError(f"{at}above: give above or at_most, one of them")
@@ -388,7 +497,7 @@ def _bars(data: Any, top: dict[str, Any], arms: tuple[ArmSpec, ...]) -> tuple[Ba
     return tuple(out)
 
 
-def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
+def _arm(data: Any, n: int, top: dict[str, Any], classes: set[str]) -> ArmSpec:
     if isinstance(data, str):
         data = {"name": data, "via": data}
     d = _mapping(data, f"arms[{n}]", {"name", "via", "engine_args", "priority", "proxy_engine"})
@@ -397,7 +506,6 @@ def _arm(data: Any, n: int, top: dict[str, Any]) -> ArmSpec:
     if via == "proxy" and "engines" in top and "proxy" not in top:
         raise WorkloadError(f"{at}via: the proxy arm needs a proxy key (settings may be empty)")
     priority = _mapping(d.get("priority", {}), at + "priority", None)
-    classes = top.get("classes") or {}
     for cls, value in priority.items():
         if cls not in classes:
             raise WorkloadError(f"{at}priority.{cls}: no such class")

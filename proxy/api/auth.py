@@ -14,9 +14,18 @@ configured key each time, so the time taken does not tell how much of a key was
 right. Which class a key may use, and whether it may choose it by header, is its
 policy (:class:`proxy.config.ApiKey`); see :func:`may_override`.
 
+A key without the ``batch`` class may not use the Batch API at all: ``/batch/v1/...``,
+``/v1/batches...`` and ``/v1/files...`` answer it 403 (:func:`batch_path`), as the
+interactive routes answer a key without ``interactive`` (:mod:`proxy.api.inputs`).
+
+Each request is for a tenant (:class:`proxy.config.Tenant`): a configured key's
+(:func:`caller_tenant`); with no ``api_keys``, one per distinct key sent
+(``key-`` and the start of its SHA-256), else one per client address
+(``addr-HOST``). The key itself is never logged; the tenant may be.
+
 The key is checked once per request, as it comes in (:class:`KeyCheck`); what a
-route needs of it later (a completion route's class, :mod:`proxy.api.inputs`) it
-reads from the :class:`Caller` the check leaves in the request's scope.
+route needs of it later (a completion route's class, :mod:`proxy.api.inputs`; the
+tenant) it reads from the :class:`Caller` the check leaves in the request's scope.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config import ApiKey, Settings
+from proxy.config import ANONYMOUS, ApiKey, Settings, Tenant, key_tenant_name
 from proxy.openai.errors import APIError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -50,6 +59,14 @@ READ_PATHS = frozenset(
 
 
 CHALLENGE = 'Bearer realm="whoseturn", Basic realm="whoseturn"'
+BATCH_ROOTS = ("/batch/v1", "/v1/batches", "/v1/files")
+"""The Batch API's paths (each, and everything under it): a key without the batch
+class gets 403 there."""
+
+
+def batch_path(path: str) -> bool:
+    """Whether ``path`` is one of the Batch API's (:data:`BATCH_ROOTS`)."""
+    return any(path == root or path.startswith(root + "/") for root in BATCH_ROOTS)
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -120,10 +137,31 @@ class Caller:
     """Who sent a request, as :class:`KeyCheck` found it once, as the request came
     in: ``key``, the configured key it gave (None: no ``api_keys``, or a path that
     needs no key); ``may_override``, whether it may choose its class by
-    ``X-Whoseturn-Class`` (:func:`may_override`)."""
+    ``X-Whoseturn-Class`` (:func:`may_override`); ``tenant``, whom it is for
+    (:func:`caller_tenant`)."""
 
     key: ApiKey | None
     may_override: bool
+    tenant: Tenant = ANONYMOUS
+
+
+def caller_tenant(
+    settings: Settings, scope: Scope, token: str | None, key: ApiKey | None
+) -> Tenant:
+    """The tenant of a request: its configured key's; with no ``api_keys``, one per
+    key sent (``key-`` and a hash: the name tells nothing of the key) or, with none,
+    one per client address (``addr-HOST``), each of weight 1 with no limits. A path
+    that needs no key, with ``api_keys`` set, and a client of no known address (a
+    Unix socket's) are anonymous (``""``)."""
+    if key is not None:
+        return settings.access.tenant(key.tenant)
+    if settings.access.api_keys:
+        return ANONYMOUS
+    if token:
+        return Tenant(name=key_tenant_name(token))
+    client = scope.get("client")
+    host = client[0] if client else ""
+    return Tenant(name=f"addr-{host}") if host else ANONYMOUS
 
 
 def caller(scope: Scope) -> Caller:
@@ -136,7 +174,8 @@ def caller(scope: Scope) -> Caller:
 
 def check_key(settings: Settings, scope: Scope) -> Caller | APIError:
     """The caller of the HTTP request ``scope``, or why it is refused (401, 403)."""
-    role = needed_role(scope["method"], scope["path"])
+    path = scope["path"]
+    role = needed_role(scope["method"], path)
     token = bearer_token(scope.get("headers", []))
     key = None
     if role is not None and settings.access.api_keys:
@@ -145,7 +184,15 @@ def check_key(settings: Settings, scope: Scope) -> Caller | APIError:
             return unauthorized()
         if role == "user" and key.role != "user":
             return APIError(403, "This API key may only read.", err_type="permission_error")
-    return Caller(key, may_override(settings, token, key))
+        if "batch" not in key.classes and batch_path(path):
+            return no_class("batch")
+    tenant = caller_tenant(settings, scope, token, key)
+    return Caller(key, may_override(settings, token, key), tenant)
+
+
+def no_class(cls: str) -> APIError:
+    """403: the caller's key may not use class ``cls``."""
+    return APIError(403, f"This API key may not use the {cls} class.", err_type="permission_error")
 
 
 class KeyCheck:

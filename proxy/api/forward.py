@@ -47,6 +47,7 @@ from proxy.api.assemble import Assembler
 from proxy.api.auth import caller
 from proxy.api.disconnect import ClientGone, until_disconnect
 from proxy.api.inputs import read_request
+from proxy.api.metering import Metered, refuse_over_limit
 from proxy.api.piece_sender import Final, PieceSender
 from proxy.api.relay import Relay, Services
 from proxy.api.request_ids import new_request_id, request_id, set_request_id
@@ -104,7 +105,10 @@ class Forwarder:
     engine's answer. Its methods stand in the order a request meets them:
 
     1. :meth:`handle`: read and check the request (:meth:`_check_servable`), count its
-       prompt, give it its id (:meth:`_job_id`);
+       prompt, refuse it if its tenant is over a limit (429,
+       :func:`~proxy.api.metering.refuse_over_limit`), give it its id
+       (:meth:`_job_id`), and count it against its tenant to its end
+       (:meth:`_metered`);
     2. :meth:`_open`: wait for its turn (:meth:`_wait` → :meth:`_queued` →
        :meth:`_admit`, the scheduler through the admission), reserve batch tokens in
        the shared budget (:meth:`_reserved`), send it to the engine
@@ -130,17 +134,33 @@ class Forwarder:
         req = await read_request(request, path, default, caller(request.scope))
         self._check_servable(req)
         count = await self.services.counter.count(req)
+        services = self.services
+        refuse_over_limit(services.meter, services.metrics, req, count.tokens)  # 429
         ticket = Ticket(self._job_id(request), req, arrival, count)
+        metered = self._metered(ticket)
+        streaming = False
         try:
             if req.wish.stream:
                 opened = await until_disconnect(request.receive, self._open(ticket))
-                return self._stream(ticket, opened)
-            return await until_disconnect(request.receive, self._answer(ticket))
+                response = self._stream(ticket, opened, metered)
+                streaming = True  # its response ends it (the relay's finish)
+                return response
+            return await until_disconnect(request.receive, self._answer(ticket, metered))
         except PassThrough as exc:
             return exc.response()
         except ClientGone:
             logger.debug("client left before its answer started: %s", ticket.id)
             return Response(status_code=499)
+        finally:
+            if not streaming:  # ended already if its answer was relayed
+                metered.end(self.services.clock.now())
+
+    def _metered(self, ticket: Ticket) -> Metered:
+        """The request counted against its tenant's limits from now to its end."""
+        services = self.services
+        return Metered(
+            services.meter, services.metrics, ticket.req, ticket.arrival, ticket.count.tokens
+        )
 
     def _check_servable(self, req: ChatRequest) -> None:
         error = unservable(req.model, req.cls, self.services.admission, self.monitor)
@@ -224,6 +244,8 @@ class Forwarder:
             arrival=ticket.arrival, affinity=req.affinity, pinned=final.engine,
             piece=final.piece, abortable=self._abortable(req.cls, final, whole_by_choice),
             blocks=ticket.count.blocks, prefix_tokens=ticket.count.tokens - final.tokens,
+            tenant=req.tenant.name, flow=req.flow, weight=req.tenant.weight, tier=req.tier,
+            expected_output=req.expected_output,
         )  # fmt: skip
         if job.abortable:
             cost = self.piece_sender.cost(final.engine)
@@ -372,10 +394,10 @@ class Forwarder:
             self._count(ticket, engine, "engine_error")
         return requeued
 
-    def _stream(self, ticket: Ticket, opened: Opened) -> Response:
+    def _stream(self, ticket: Ticket, opened: Opened, metered: Metered) -> Response:
         relay = Relay(
             ticket, opened.admitted, opened.response, self.services, opened.chunks,
-            self._first_chunk_wait(opened),
+            self._first_chunk_wait(opened), metered,
         )  # fmt: skip
         headers = self._headers(ticket, opened.admitted)
         wish = ticket.req.wish
@@ -386,14 +408,14 @@ class Forwarder:
         come (an abortable job's was read already)."""
         return self.monitor.awaiting(opened.engine) if opened.chunks is None else None
 
-    async def _answer(self, ticket: Ticket) -> Response:
+    async def _answer(self, ticket: Ticket, metered: Metered) -> Response:
         """A whole (non-streaming) answer; the stream may be retried if it breaks."""
         retried = False
         while True:
             opened = await self._open(ticket, retried)
             relay = Relay(
                 ticket, opened.admitted, opened.response, self.services, opened.chunks,
-                self._first_chunk_wait(opened),
+                self._first_chunk_wait(opened), metered,
             )  # fmt: skip
             assembler = Assembler(chat=ticket.req.chat)
 
@@ -446,14 +468,20 @@ class Forwarder:
         JSON body a client would have had, its bytes as made for the response (not
         parsed again). Cancelling the caller aborts the work."""
         arrival = self.services.clock.now()
+        metered: Metered | None = None
         try:
             self._check_servable(req)
             count = await self.services.counter.count(req)
-            response = await self._answer(Ticket(job_id, req, arrival, count))
+            ticket = Ticket(job_id, req, arrival, count)
+            metered = self._metered(ticket)  # counted, not refused: the runner holds lines
+            response = await self._answer(ticket, metered)
         except PassThrough as exc:
             return Answer.of(exc.error.status, _json_or_error(exc.error.body))
         except APIError as exc:
             return Answer.of(exc.status, exc.body())
+        finally:
+            if metered is not None:
+                metered.end(self.services.clock.now())
         assert isinstance(response, _Assembled)
         return Answer(response.status_code, bytes(response.body), response.content)
 

@@ -1,13 +1,14 @@
 """What the proxy reads from a client's HTTP request, once: its JSON body (strictly,
 :mod:`proxy.openai.bodies`) and its class (by the route, the class header and the
 caller's key, as :mod:`proxy.api.auth` found it); :func:`read_request` gives the
-:class:`~proxy.openai.request.ChatRequest` the rest of the request path works from."""
+:class:`~proxy.openai.request.ChatRequest` the rest of the request path works from,
+for the caller's tenant."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
-from proxy.api.auth import Caller
+from proxy.api.auth import Caller, no_class
 from proxy.openai.bodies import BodyError, check_completion, parse_object
 from proxy.openai.errors import APIError, bad_request
 from proxy.openai.request import ChatRequest, Json, describe
@@ -50,9 +51,7 @@ def traffic_class(request: Request, default: TrafficClass, caller: Caller) -> Tr
                 403, "This API key may not set X-Whoseturn-Class.", err_type="permission_error"
             )
     if key is not None and cls.value not in key.classes:
-        raise APIError(
-            403, f"This API key may not use the {cls.value} class.", err_type="permission_error"
-        )
+        raise no_class(cls.value)
     return cls
 
 
@@ -69,4 +68,5 @@ async def read_request(
 ) -> ChatRequest:
     """Read and check the client's request (400/403 on what is wrong with it)."""
     body = read_completion(await read_json(request), path)
-    return describe(body, path, traffic_class(request, default, caller))
+    cls = traffic_class(request, default, caller)
+    return describe(body, path, cls, tenant=caller.tenant)

@@ -78,6 +78,7 @@ from proxy.scheduler.prefix import chain
 
 logger = logging.getLogger(__name__)
 PIECE_TIMEOUT_S = 120.0
+PIECE_OUTPUT_TOKENS = 1  # a piece asks for one token (its answer is discarded)
 CHOICES_KEPT = 200  # whole-or-pieces choices kept for /turn/log
 
 
@@ -367,6 +368,8 @@ class PieceSender:
             id=f"{run.ticket.id}#{piece.index}", cls=req.cls, model=req.model,
             prompt_tokens=piece.new_tokens, arrival=run.ticket.arrival, pinned=run.engine,
             piece=piece.index, blocks=blocks, prefix_tokens=piece.cached,
+            tenant=req.tenant.name, flow=req.flow, weight=req.tenant.weight, tier=req.tier,
+            expected_output=PIECE_OUTPUT_TOKENS,
         )  # fmt: skip
 
     def _after(self, run: _Run, piece: Piece) -> Piece:
@@ -509,12 +512,12 @@ class PieceSender:
         body: dict[str, Any] = {
             "model": ticket.req.model,
             "prompt": ids,
-            "max_tokens": 1,
+            "max_tokens": PIECE_OUTPUT_TOKENS,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if client.config.scheduling_policy == "priority":
-            body["priority"] = ticket.req.cls.engine_priority
+            body["priority"] = ticket.req.engine_priority
         sent = self.clock.now()
         usage: dict[str, Any] = {}
         with anyio.fail_after(PIECE_TIMEOUT_S):

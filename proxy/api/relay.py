@@ -5,8 +5,9 @@
 each gap after it, records the request's metrics, and passes each event on: its
 bytes unchanged to a streaming client (:mod:`proxy.api.stream`), or to an
 :class:`~proxy.api.assemble.Assembler` (clients that asked for one body). When it
-finishes, the engine's ``usage`` teaches the prompt counter and the job leaves the
-scheduler.
+finishes, the engine's ``usage`` teaches the prompt counter, the job leaves the
+scheduler with its output tokens (its tenant's fair share is charged by them), and
+its tenant's limits and metrics count it (:class:`~proxy.api.metering.Metered`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from proxy.admission import Admission, Admitted
+from proxy.api.metering import Metered
 from proxy.api.prompts import PromptCounter
 from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
@@ -27,6 +29,7 @@ from proxy.clock import Clock
 from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
 from proxy.metrics import ProxyMetrics
 from proxy.openai.answers import cached_tokens
+from proxy.scheduler.limits import TenantMeter
 
 Deliver = Callable[[list[SSEEvent]], Awaitable[None]]
 """Where :meth:`Relay.pump` passes the events, one read's (at most :data:`BATCH`) at a
@@ -47,13 +50,15 @@ class ReadTimeouts:
 @dataclass(frozen=True)
 class Services:
     """What the request path reports to: the scheduler's door, the metrics, the
-    clock, and the prompt counter; and the read timeouts it keeps."""
+    clock, and the prompt counter; the read timeouts it keeps; and the tenants'
+    limits (``meter``; None: none are kept)."""
 
     admission: Admission
     metrics: ProxyMetrics
     clock: Clock
     counter: PromptCounter
     timeouts: ReadTimeouts = ReadTimeouts()
+    meter: TenantMeter | None = None
 
 
 @dataclass
@@ -73,12 +78,14 @@ class Relay:
         services: Services,
         chunks: AsyncIterator[bytes] | None = None,
         first: AnswerWait | None = None,
+        metered: Metered | None = None,
     ) -> None:
         """``chunks``: the response's raw chunks where a first one was read already
         (an abortable job's, :mod:`proxy.api.abort_windows`); else ``response``'s own.
         ``first``: the watch on the engine's first chunk
         (:meth:`~proxy.engines.EngineMonitor.awaiting`), which the engine's ejection
-        cuts short."""
+        cuts short. ``metered``: the request counted against its tenant, told of its
+        first token and its end."""
         self.ticket = ticket
         self.admitted = admitted
         self.engine = admitted.engine
@@ -87,6 +94,7 @@ class Relay:
         self.stats = RelayStats()
         self._chunks = chunks
         self._first = first
+        self._metered = metered
         self._labels = (ticket.req.cls.value, admitted.engine)
         metrics = services.metrics
         # the labelled children, looked up once: the per-token path only observes
@@ -178,6 +186,8 @@ class Relay:
             self._ttft.observe(now - self.ticket.arrival)
             self._prefill.observe(now - self.admitted.dispatched_at)
             admission.first_token(self.ticket.id)
+            if self._metered is not None:
+                self._metered.first_token(self.admitted.queued_s, now - self.ticket.arrival)
         else:
             self._inter_token.observe(now - last)
             admission.token_gap(self.ticket.id, now - last)
@@ -210,4 +220,9 @@ class Relay:
             self._cached(prompt, cached)
         metrics.requests.labels(*self._labels, outcome).inc()
         metrics.request.labels(*self._labels).observe(now - self.ticket.arrival)
-        self.services.admission.finished(self.ticket.id)
+        output = completion if isinstance(completion, int) else None
+        self.services.admission.finished(self.ticket.id, output)
+        if self._metered is not None:
+            said = isinstance(prompt, int) or output is not None
+            tokens = (prompt if isinstance(prompt, int) else 0, output or 0) if said else None
+            self._metered.end(now, tokens, self.admitted.queued_s)

@@ -6,7 +6,9 @@ from elsewhere). In the browser it polls ``GET /turn``, ``GET /turn/log``,
 ``GET /turn/history`` and ``GET /status/batches``, relative to its own address, so it
 also works behind a path prefix; and ``GET /metrics`` every two seconds for the
 prefix cache's hit rate since start (its counters are the proxy's metrics and
-nothing else keeps them), so no route of its own is needed for them.
+nothing else keeps them), so no route of its own is needed for them. Its tenants
+panel (each tenant's share against what it is owed, and each class's fairness
+index) is drawn from ``GET /turn`` and shown only while a tenant is active.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``GET /turn``, ``GET /turn/log`` and ``GET /turn/history``: whose turn it is,
-the decisions behind it, and the turns of the last minutes.
+the decisions behind it, and the turns of the last minutes; and, per class, what
+each tenant was served against what it is owed, with Jain's fairness index.
 
 Every time these routes give is wall-clock ISO 8601 UTC with milliseconds
 (``2026-12-01T06:29:41.001+00:00``); the scheduler's own clock is converted at
@@ -20,8 +21,9 @@ from proxy.admission import Admission
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.piece_sender import PieceChoice
 from proxy.openai.line_ids import job_line
-from proxy.scheduler import Abort, Route
+from proxy.scheduler import Abort, Route, TrafficClass
 from proxy.scheduler.budget import BudgetChange
+from proxy.scheduler.fair import WINDOW_S, TenantShare
 from proxy.scheduler.history import DEFAULT_SPAN_S
 from proxy.scheduler.turns import sentence
 
@@ -66,11 +68,76 @@ def turn_body(
         if pieces is not None and entry.get("engine") in pieces:
             entry["piecing"] = pieces[entry["engine"]]
     body: dict[str, Any] = {"time": _iso(wall), "replica": replica, "engines": engines}
+    body |= tenants_body(admission)
     if ledger is not None:
         down_for = ledger.get("down_for_s")
         since = None if down_for is None else _iso(wall - down_for)
         body["ledger"] = {**ledger, "down_since": since}
     return body
+
+
+def _tenant_body(t: TenantShare) -> dict[str, Any]:
+    return {
+        "tenant": t.tenant,
+        "weight": t.weight,
+        "tier": t.tier.value,
+        "queued": t.queued,
+        "in_flight": t.in_flight,
+        "tokens": t.tokens,
+        "share": t.share,
+        "owed": t.owed,
+    }
+
+
+def tenants_body(admission: Admission) -> dict[str, Any]:
+    """Per class, each tenant active in the fair-share window (``fairness_window_s``)
+    by name, with its weight, tier, work queued and in flight, and its share of the
+    class's tokens against what it is owed; and each class's Jain index (None while
+    fewer than two tenants waited)."""
+    tenants: dict[str, list[dict[str, Any]]] = {c.value: [] for c in TrafficClass}
+    for t in admission.tenant_shares():
+        tenants[t.cls.value].append(_tenant_body(t))
+    return {
+        "fairness_window_s": WINDOW_S,
+        "tenants": tenants,
+        "fairness": {c.value: admission.fairness(c) for c in TrafficClass},
+    }
+
+
+def fairness_words(index: float | None) -> str:
+    """Jain's index in plain words: it is 1 when every tenant that waited got its
+    weight's part, and falls only slowly (two tenants, one served twice its part
+    over the other: 0.9), so the verdicts are drawn close to 1. The status page
+    says the same words."""
+    if index is None:
+        return "not judged: fewer than two tenants waited"
+    if index >= 0.99:
+        return "fair"
+    if index >= 0.9:
+        return "nearly fair"
+    return "unfair"
+
+
+def tenant_sentences(body: dict[str, Any]) -> list[str]:
+    """For ``/turn?format=text``: a line per class with active tenants, its fairness
+    and each tenant's share against what it is owed."""
+    lines = []
+    window = f"{body['fairness_window_s']:.0f} s"
+    for cls, rows in body["tenants"].items():
+        if not rows:
+            continue
+        index = body["fairness"][cls]
+        head = f"{cls} tenants, last {window}: fairness "
+        head += f"{index:.2f}, {fairness_words(index)}" if index is not None else "n/a"
+        parts = [
+            f"{t['tenant']} {t['share']:.0%} of tokens (owed {t['owed']:.0%}; "
+            f"{t['queued']:,} queued, {t['in_flight']:,} in flight)"
+            for t in sorted(rows, key=lambda t: (-t["share"], t["tenant"]))
+        ]
+        if index is None:
+            parts.append(fairness_words(None))
+        lines.append(f"{head} — {'; '.join(parts)}")
+    return lines
 
 
 def ledger_sentence(ledger: dict[str, Any]) -> str:
@@ -162,10 +229,10 @@ def _route_body(route: Route | None) -> dict[str, Any] | None:
 def log_body(
     admission: Admission, limit: int, choices: Sequence[PieceChoice] = ()
 ) -> dict[str, Any]:
-    """The most recent decisions, oldest first, with wall-clock times; the most
-    recent moves of the budgets (``budget``), each with the numbers it judged; and
-    the most recent choices of whole or pieces for a long batch prompt (``piecing``:
-    the engine, and why)."""
+    """The most recent decisions, oldest first, with wall-clock times and each one's
+    tenant (``""``: anonymous); the most recent moves of the budgets (``budget``),
+    each with the numbers it judged; and the most recent choices of whole or pieces
+    for a long batch prompt (``piecing``: the engine, and why)."""
     offset = time.time() - admission.now()
     decisions = admission.decisions(limit)
     moves = admission.budget_changes(limit)
@@ -188,6 +255,7 @@ def log_body(
                 "engine": d.engine,
                 "request_id": d.job_id,
                 "class": d.cls.value,
+                "tenant": d.tenant,
                 "admitted": d.admitted,
                 "reason": d.reason.value if d.reason else None,
                 "budget": d.budget,
@@ -223,6 +291,7 @@ def install_turn_routes(
         )
         if wants_text(request):
             lines = [sentence(e) for e in body["engines"]]
+            lines += tenant_sentences(body)
             if "ledger" in body:
                 lines.append(ledger_sentence(body["ledger"]))
             return PlainTextResponse("\n".join(lines) + "\n")

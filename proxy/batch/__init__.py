@@ -30,6 +30,7 @@ from proxy.batch.store import BatchStore
 from proxy.batch.view import deadlines
 from proxy.config import Settings
 from proxy.metrics import ProxyMetrics
+from proxy.scheduler.limits import TenantMeter
 
 __all__ = ["BatchAPI", "build_batch", "install_batch_routes"]
 OPEN_TIMEOUT_S = 5.0  # PostgreSQL at start: longer, and the proxy starts without it
@@ -40,11 +41,14 @@ async def build_batch(
     complete: Complete,
     metrics: ProxyMetrics,
     models_known: Callable[[], bool],
+    meter: TenantMeter | None = None,
 ) -> BatchAPI | None:
     """The store (opened: schema created or migrated) and the runner, or None when
     the store is not set (``batch_store_path`` for SQLite, ``batch_dsn`` for
     PostgreSQL). ``models_known``: whether every engine's models are known (the
-    runner feeds no line before)."""
+    runner feeds no line before); ``meter``: the tenants' use of their limits, the
+    HTTP edge's (a job's lines count against its tenant's limits with its other
+    requests)."""
     store = _guarded_store(settings)
     if store is None:
         return None
@@ -65,6 +69,9 @@ async def build_batch(
         time.time,
         models_known,
         owner=f"{socket.gethostname()}-{os.getpid()}",
+        tenant_of=settings.access.tenant,
+        meter=meter,
+        limited=metrics.tenants.limited,
     )
     metrics.batch.attach(store.health, partial(deadlines, runner))
     return BatchAPI(settings, store, runner)

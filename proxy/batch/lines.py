@@ -19,6 +19,7 @@ from typing import IO, Any
 import jsonschema
 
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
+from proxy.config import ANONYMOUS, Tenant
 from proxy.openai.answers import Answer
 from proxy.openai.bodies import BodyError, NotJSON, check_completion, parse_json
 from proxy.openai.request import ChatRequest, describe
@@ -95,12 +96,15 @@ def check_file(
     return count
 
 
-def line_request(body: Json, endpoint: str) -> ChatRequest:
+def line_request(
+    body: Json, endpoint: str, *, tenant: Tenant = ANONYMOUS, flow: str = ""
+) -> ChatRequest:
     """The request a line makes, as the batch routes would read it (batch class, one
-    whole answer)."""
+    whole answer), for its job's ``tenant``, sharing that tenant's part with the
+    job's other lines (``flow``: the job's id)."""
     plain = {**body, "stream": False}
     plain.pop("stream_options", None)
-    return describe(body, endpoint, TrafficClass.BATCH, plain)
+    return describe(body, endpoint, TrafficClass.BATCH, plain, tenant=tenant, flow=flow)
 
 
 def _request_id() -> str:

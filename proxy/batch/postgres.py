@@ -86,6 +86,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 2: a failed job's errors (OpenAI's errors.data).
     "ALTER TABLE batches ADD COLUMN errors jsonb;",
+    # 3: the tenant of the key that created the job (the jobs before: anonymous).
+    "ALTER TABLE batches ADD COLUMN tenant text NOT NULL DEFAULT '';",
 )
 BATCH_COLUMNS = store.columns(store.BatchRecord)
 FILE_COLUMNS = store.columns(store.FileRecord)
@@ -284,9 +286,11 @@ class PostgresStore:
         now = self._stamp()
         await self._count(
             "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
-            "created_at, expires_at, metadata) VALUES (%s, %s, %s, %s, 'validating', %s, %s, %s)",
+            "created_at, expires_at, metadata, tenant) "
+            "VALUES (%s, %s, %s, %s, 'validating', %s, %s, %s, %s)",
             (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
-             now + new.window_s, Jsonb(dict(new.metadata)) if new.metadata else None),
+             now + new.window_s, Jsonb(dict(new.metadata)) if new.metadata else None,
+             new.tenant),
         )  # fmt: skip
         return await self._found(new.id)
 

@@ -6,6 +6,8 @@ checks the request, the input file's record and every line of the file, as a str
 (400 naming the first bad line; nothing is stored); the job is then stored
 ``validating`` and the runner reads its lines into the store (a line it still
 refuses, say a file deleted meanwhile, fails the job with OpenAI's ``errors``).
+The job is stored as the tenant's of the key that created it (the caller's, as the
+key check found it): its lines run as that tenant's, under its weight and limits.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
+from proxy.api.auth import caller
 from proxy.batch.health import GuardedStore, StoreDown
 from proxy.batch.lines import check_file
 from proxy.batch.runner import BatchRunner
@@ -238,7 +241,8 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
     @app.post("/v1/batches", **ROUTE_DOCS["create"])
     async def create(request: Request) -> JSONResponse:
         api = _api(request, get)
-        created = await _create(api, parse_object(await request.body()))
+        tenant = caller(request.scope).tenant.name
+        created = await _create(api, parse_object(await request.body()), tenant)
         return JSONResponse(_batch_object(api, created))
 
     @app.post("/v1/batches/{batch_id}/cancel", **ROUTE_DOCS["cancel"])
@@ -254,9 +258,10 @@ def _batch_routes(app: FastAPI, get: Getter) -> None:
         return JSONResponse(_batch_object(api, found))
 
 
-async def _create(api: BatchAPI, body: Json) -> BatchRecord:
-    """The job, stored ``validating``: the request checked (the rules and bounds of
-    :class:`proxy.openai.bodies.BatchRequest`), then its input file and every line."""
+async def _create(api: BatchAPI, body: Json, tenant: str) -> BatchRecord:
+    """The job of ``tenant``, stored ``validating``: the request checked (the rules
+    and bounds of :class:`proxy.openai.bodies.BatchRequest`), then its input file and
+    every line."""
     try:
         asked = check_batch(body)
     except BodyError as exc:
@@ -267,7 +272,7 @@ async def _create(api: BatchAPI, body: Json) -> BatchRecord:
     await _check_lines(api, asked.input_file_id, asked.endpoint)
     new = NewBatch(
         f"batch_{uuid.uuid4().hex}", asked.endpoint, asked.input_file_id,
-        asked.completion_window, window_s, asked.metadata,
+        asked.completion_window, window_s, asked.metadata, tenant,
     )  # fmt: skip
     return await api.store.add_batch(new)
 

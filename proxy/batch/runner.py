@@ -26,6 +26,17 @@ that is the one place an engine call may repeat, and so is a line whose lease ra
 out while it ran (its runner stalled past ``lease_s``): another runner claims it.
 Cancel and expiry stop the feeding, cancel the lines in flight (the scheduler forgets them, upstream
 streams are closed) and finalize with what was recorded.
+
+A job is its tenant's (the key's that created it, kept in the store): each line goes
+as that tenant's, in the job's flow (its id), so that the scheduler shares the batch
+class between tenants by weight and a tenant's part between its jobs. The tenant's
+batch limits hold its work here, never fail it (:mod:`proxy.batch.gate`): a job past
+``batch_jobs`` waits ``in_progress`` before it feeds a line, a line past
+``batch_lines`` waits before it is fed, a try past the requests, tokens or streams
+the tenant may use waits until the meter allows it. Nothing here is shared between
+jobs but those limits: each job has its own window and is polled, claimed and fed
+by its own task, so a short job that comes after a long one of another tenant goes
+straight into the scheduler beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from typing import TypeVar
 import anyio
 
 from proxy.batch.estimate import Estimate, Throughput
+from proxy.batch.gate import Limited, Slot, TenantGate
 from proxy.batch.health import MAX_BACKOFF_S, StoreDown
 from proxy.batch.lines import MAX_LINE_BYTES, answered, failed, line_request, read_lines
 from proxy.batch.shapes import line_errors
@@ -51,10 +63,13 @@ from proxy.batch.store import (
     LineResult,
     PendingLine,
 )
+from proxy.clock import WallClock
+from proxy.config import Tenant
 from proxy.metrics import BatchMetrics
 from proxy.openai.answers import Answer
 from proxy.openai.line_ids import job_id
 from proxy.openai.request import ChatRequest
+from proxy.scheduler.limits import TenantMeter
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,8 +113,18 @@ class BatchRunner:
         now: Callable[[], float],
         models_known: Callable[[], bool] = lambda: True,
         owner: str = "",
+        *,
+        tenant_of: Callable[[str], Tenant] = lambda name: Tenant(name=name),
+        meter: TenantMeter | None = None,
+        limited: Limited | None = None,
     ) -> None:
+        """``tenant_of(name)``: the tenant a job's stored tenant name stands for (the
+        configured one: its weight, tier, limits); ``meter``: the tenants' use of
+        their limits, shared with the HTTP edge (a meter of its own where none is
+        given); ``limited(tenant, limit)``: a job or line held for a limit."""
         self.store = store
+        self.tenant_of = tenant_of
+        self.gate = TenantGate(meter or TenantMeter(WallClock()), limited)
         self.owner = owner or f"runner-{uuid.uuid4().hex[:12]}"
         self.models_known = models_known
         self.complete = complete
@@ -217,13 +242,15 @@ class BatchRunner:
             return await self._drive(batch_id)
         if batch.status != "in_progress":
             return {"finalizing": "completed", "cancelling": "cancelled"}[batch.status]
+        tenant = self.tenant_of(batch.tenant)
         try:
             with anyio.CancelScope() as scope:
                 run = self._runs[batch_id] = _Run(scope)
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._watch, batch, run)
                     group.start_soon(self._renew, batch_id)
-                    await self._feed(batch)
+                    async with self.gate.job(tenant, batch_id):  # batch_jobs: wait here
+                        await self._feed(batch, tenant)
                     group.cancel_scope.cancel()
         finally:
             self._held.pop(batch_id, None)
@@ -265,7 +292,13 @@ class BatchRunner:
             except Exception as exc:  # the next round tries again
                 logger.info("batch %s: leases not renewed: %s", batch_id, exc)
 
-    async def _feed(self, batch: BatchRecord) -> None:
+    def waiting(self, batch: BatchRecord) -> bool:
+        """Whether the job waits for one of its tenant's ``batch_jobs`` (a read)."""
+        return self.gate.waiting_job(batch.tenant, batch.id)
+
+    async def _feed(self, batch: BatchRecord, tenant: Tenant) -> None:
+        """The job's lines into the scheduler, ``window`` at most at once and each
+        under its tenant's ``batch_lines``, until every line has a result."""
         room = anyio.Semaphore(self.limits.window)
         async with anyio.create_task_group() as group:
             begun = False
@@ -280,8 +313,13 @@ class BatchRunner:
                     if line.idx in held:  # its lease ran out while it ran here
                         continue
                     await room.acquire()
+                    try:
+                        slot = await self.gate.line(tenant, batch.id)
+                    except BaseException:
+                        room.release()
+                        raise
                     held.add(line.idx)
-                    group.start_soon(self._line, batch, line, room)
+                    group.start_soon(self._line, batch, line, room, slot)
                 if not page:
                     if await self._all_recorded(batch.id):
                         break
@@ -303,15 +341,18 @@ class BatchRunner:
             lambda: self.store.claim(batch_id, self.owner, limits.window, limits.lease_s)
         )
 
-    async def _line(self, batch: BatchRecord, line: PendingLine, room: anyio.Semaphore) -> None:
+    async def _line(
+        self, batch: BatchRecord, line: PendingLine, room: anyio.Semaphore, slot: Slot
+    ) -> None:
         try:
-            result = await self._attempts(batch, line)
+            result = await self._attempts(batch, line, slot)
             if await self._persist(lambda: self._record(batch.id, line.idx, result)):
                 self.metrics.count(result)
                 usable = result.ok and result.quality != "invalid"
                 model = str(line.body.get("model", ""))
                 self.throughput.add(self._now(), batch.id, model, usable)
         finally:
+            self.gate.line_done(slot)
             self._held.get(batch.id, set()).discard(line.idx)
             room.release()
 
@@ -323,10 +364,11 @@ class BatchRunner:
             stored = await self.store.record(batch_id, idx, result)
         return stored
 
-    async def _attempts(self, batch: BatchRecord, line: PendingLine) -> LineResult:
-        req = line_request(line.body, batch.endpoint)
+    async def _attempts(self, batch: BatchRecord, line: PendingLine, slot: Slot) -> LineResult:
+        req = line_request(line.body, batch.endpoint, tenant=slot.tenant, flow=batch.id)
         answer = Answer(0, b"{}", {})
         for attempt in range(1, self.limits.max_attempts + 1):
+            await self.gate.request(slot)  # the tenant's requests, tokens, streams
             answer = await self.complete(req, job_id(batch.id, line.custom_id, attempt))
             status = answer.status
             if status < 500 and status != 429:

@@ -27,7 +27,7 @@ from proxy.batch import store
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -39,7 +39,8 @@ CREATE TABLE batches (
     expires_at INTEGER NOT NULL, metadata TEXT, total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
     valid INTEGER NOT NULL DEFAULT 0, invalid INTEGER NOT NULL DEFAULT 0,
-    output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}', errors TEXT
+    output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}', errors TEXT,
+    tenant TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE lines (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
@@ -49,7 +50,10 @@ CREATE TABLE lines (
 CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
 """
 # Each step moves a database from the version before it to the next one.
-MIGRATIONS = {2: "ALTER TABLE batches ADD COLUMN errors TEXT;"}
+MIGRATIONS = {
+    2: "ALTER TABLE batches ADD COLUMN errors TEXT;",
+    3: "ALTER TABLE batches ADD COLUMN tenant TEXT NOT NULL DEFAULT '';",  # jobs before: anonymous
+}
 BATCH_COLUMNS = store.columns(store.BatchRecord)
 FILE_COLUMNS = store.columns(store.FileRecord)
 
@@ -61,7 +65,7 @@ def _batch(row: Any) -> store.BatchRecord:
         status=row[4], created_at=row[5], expires_at=row[6], metadata=meta, total=row[8],
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
         output_file_id=row[13], error_file_id=row[14], times=json.loads(row[15]),
-        errors=json.loads(row[16]) if row[16] else None,
+        errors=json.loads(row[16]) if row[16] else None, tenant=row[17],
     )  # fmt: skip
 
 
@@ -186,10 +190,11 @@ class SQLiteStore:
         def add(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
-                "status, created_at, expires_at, metadata) "
-                "VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+                "status, created_at, expires_at, metadata, tenant) "
+                "VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
                 (new.id, new.endpoint, new.input_file_id, new.completion_window, now,
-                 now + new.window_s, json.dumps(new.metadata) if new.metadata else None),
+                 now + new.window_s, json.dumps(new.metadata) if new.metadata else None,
+                 new.tenant),
             )  # fmt: skip
 
         await self._run(add)

@@ -109,6 +109,7 @@ class BatchRecord:
     error_file_id: str | None = None
     times: Mapping[str, int | None] = field(default_factory=dict)
     errors: list[Json] | None = None
+    tenant: str = ""  # the tenant of the key that created it ("" anonymous)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class NewBatch:
     completion_window: str
     window_s: int
     metadata: Mapping[str, str] | None
+    tenant: str = ""
 
 
 def columns(record: type[Any]) -> str:

@@ -14,12 +14,15 @@ from proxy.metrics import Deadline
 
 
 def job_row(runner: BatchRunner, batch: BatchRecord) -> Json:
-    """One active job: progress, rate, estimate (``None`` where not measured yet)."""
+    """One active job: its tenant, whether it waits for one of the tenant's
+    ``batch_jobs``, progress, rate, estimate (``None`` where not measured yet)."""
     done = batch.completed + batch.failed
     estimate = runner.estimate(batch)
     body = estimate.body() if estimate is not None else {}
     return {
         "id": batch.id,
+        "tenant": batch.tenant,
+        "waiting": runner.waiting(batch),
         "status": batch.status,
         "created_at": batch.created_at,
         "expires_at": batch.expires_at,

@@ -2,7 +2,9 @@
 :class:`ChatRequest` (class, model, prompt, stream wish, affinity, the body for the
 engine) that the HTTP edge (:func:`proxy.api.inputs.read_request`) and the batch
 runner (:func:`proxy.batch.lines.line_request`) both make with :func:`describe`, and
-the rest of the request path works from."""
+the rest of the request path works from. It is for a tenant
+(:class:`~proxy.config.Tenant`), whose tier moves its ``priority`` in an engine
+running vLLM's priority policy (:func:`~proxy.scheduler.engine_priority`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.scheduler import TrafficClass
+from proxy.config import ANONYMOUS, Tenant
+from proxy.scheduler import Tier, TrafficClass, engine_priority
 
 Json = dict[str, Any]
 
@@ -96,7 +99,9 @@ class ChatRequest:
 
     ``messages`` (chat) or ``prompt`` (completions) are what a tokenizer counts;
     ``text`` is the prompt's text for an estimate; ``upstream`` is the body every
-    engine is sent (streamed, with usage, no client ``priority``).
+    engine is sent (streamed, with usage, no client ``priority``). ``tenant``: whom
+    it is for (anonymous by default); ``flow``: what it shares its tenant's part
+    with (a batch job's id for its lines; "" for a chat).
     """
 
     path: str
@@ -108,22 +113,54 @@ class ChatRequest:
     wish: StreamWish
     affinity: str
     upstream: Json
+    tenant: Tenant = ANONYMOUS
+    flow: str = ""
 
     @property
     def chat(self) -> bool:
         return self.path.endswith("/chat/completions")
 
+    @property
+    def tier(self) -> Tier:
+        """Its tenant's tier."""
+        return Tier(self.tenant.tier)
+
+    @property
+    def engine_priority(self) -> int:
+        """Its ``priority`` in an engine under vLLM's priority policy: its class's,
+        moved by its tenant's tier."""
+        return engine_priority(self.cls, self.tier)
+
+    @property
+    def expected_output(self) -> int:
+        """The output tokens it may generate, where the body caps them
+        (``max_completion_tokens``, else ``max_tokens``); 0: not said."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = self.upstream.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return 0
+
     def body_for(self, scheduling_policy: str) -> Json:
-        """The body for an engine running ``scheduling_policy``: the class's priority
-        under ``priority``, none under FCFS."""
+        """The body for an engine running ``scheduling_policy``: the priority of its
+        class and tier under ``priority``, none under FCFS."""
         if scheduling_policy != "priority":
             return self.upstream
-        return upstream_body(self.upstream, self.cls.engine_priority)
+        return upstream_body(self.upstream, self.engine_priority)
 
 
-def describe(body: Json, path: str, cls: TrafficClass, sent: Json | None = None) -> ChatRequest:
-    """The description of a checked completion ``body`` for ``path``; ``sent`` is the
-    body as it goes upstream (and says the stream wish) where it differs."""
+def describe(
+    body: Json,
+    path: str,
+    cls: TrafficClass,
+    sent: Json | None = None,
+    *,
+    tenant: Tenant = ANONYMOUS,
+    flow: str = "",
+) -> ChatRequest:
+    """The description of a checked completion ``body`` for ``path``, for ``tenant``
+    (and ``flow``, a batch job's id for its lines); ``sent`` is the body as it goes
+    upstream (and says the stream wish) where it differs."""
     chat = path.endswith("/chat/completions")
     messages = body.get("messages") if chat else None
     text = prompt_text(body, chat)
@@ -138,4 +175,6 @@ def describe(body: Json, path: str, cls: TrafficClass, sent: Json | None = None)
         wish=stream_wish(sent),
         affinity=affinity_key(body, text),
         upstream=upstream_body(sent, None),
+        tenant=tenant,
+        flow=flow,
     )

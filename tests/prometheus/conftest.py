@@ -17,6 +17,10 @@ The engine reports the prompt tokens its prefix cache held (``usage``'s
 ``--enable-prompt-tokens-details``), and the long batch prompts open with one shared
 document (``DOCUMENT_WORDS`` words) before their own text, so the prefix-cache panels
 show hits, both those the proxy's index expected and those the engine reported.
+
+Each load worker sends a bearer key of its own; with no ``api_keys`` each distinct
+key is a tenant, so the tenant panels have several tenants and the batch senders,
+held by the prefill budget beside each other, have a fairness index.
 """
 
 from __future__ import annotations
@@ -230,8 +234,15 @@ def until_stopped(
             send(http, n)
 
 
+def tenant_key(kind: str, seed: int) -> dict[str, str]:
+    """A bearer key of the worker's own: with no ``api_keys`` in the config each
+    distinct key is a tenant, so the tenant panels and the fairness index have
+    tenants to compare."""
+    return {"authorization": f"Bearer {kind}-{seed}"}
+
+
 def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
-    """Streaming chat requests on /v1, one after another."""
+    """Streaming chat requests on /v1, one after another, as tenant ``chat-SEED``."""
 
     def send(http: httpx.Client, n: int) -> None:
         words = " ".join(f"w{seed}x{n}x{i}" for i in range(40))
@@ -242,7 +253,8 @@ def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        key = tenant_key("chat", seed)
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=key) as response:
             assert response.status_code == 200, response.read()
             for _ in response.iter_lines():
                 pass
@@ -253,7 +265,8 @@ def chat_worker(url: str, stop: threading.Event, seed: int) -> None:
 
 def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
     """Long-prompt batch requests on /batch/v1, completions and chat in turn, each
-    a shared document and then its own 500 words."""
+    a shared document and then its own 500 words, as tenant ``batch-SEED``: held
+    by the prefill budget beside each other, so the batch fairness index is judged."""
     document = " ".join(f"doc{i}" for i in range(DOCUMENT_WORDS))
 
     def send(http: httpx.Client, n: int) -> None:
@@ -265,7 +278,7 @@ def batch_worker(url: str, stop: threading.Event, seed: int) -> None:
             path = "/batch/v1/chat/completions"
             messages = [{"role": "user", "content": text}]
             body = {"model": MODEL, "messages": messages, "max_tokens": 8}
-        response = http.post(path, json=body)
+        response = http.post(path, json=body, headers=tenant_key("batch", seed))
         assert response.status_code == 200, response.text
 
     until_stopped(url, stop, 60, send)
@@ -293,8 +306,8 @@ def start_batch_job(url: str) -> str:
 
 
 def drive_mixed_load(url: str, seconds: float) -> None:
-    """Three chat streamers and three batch senders for ``seconds``; re-raises the
-    first error a worker met."""
+    """Three chat streamers and three batch senders for ``seconds``, each a tenant
+    of its own; re-raises the first error a worker met."""
     stop = threading.Event()
     errors: list[BaseException] = []
 

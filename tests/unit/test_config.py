@@ -3,6 +3,7 @@ errors that name the key at fault."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from proxy.config import (
     ConfigError,
     EngineConfig,
     Settings,
+    Tenant,
+    TenantLimits,
+    key_tenant_name,
     load_settings,
     settings_from_dict,
 )
@@ -362,3 +366,102 @@ def test_several_workers_cannot_share_the_sqlite_batch_store() -> None:
         settings_from_dict(data)
     data.update(batch_store="postgres", batch_dsn=DSN)
     assert settings_from_dict(data).replicas.workers == 2
+
+
+# -- tenants: keys with a policy, secrets from a file or the environment ---------------------
+
+
+def keys(*entries: Any, env: dict[str, str] | None = None) -> Settings:
+    return settings_from_dict({"engines": [URL], "api_keys": list(entries)}, env=env or {})
+
+
+def test_a_key_without_a_tenant_is_its_own_tenant_of_weight_one() -> None:
+    s = keys("sk-one", {"key": "sk-two"})
+    one, two = s.access.key_policies()
+    digest = hashlib.sha256(b"sk-one").hexdigest()[:8]
+    assert one.tenant == f"key-{digest}" == key_tenant_name("sk-one")
+    assert two.tenant != one.tenant
+    assert (one.weight, one.tier, one.limits) == (1.0, "standard", TenantLimits())
+    assert s.access.tenant_names() == (one.tenant, two.tenant)
+    assert s.access.tenant(one.tenant) == Tenant(name=one.tenant, configured=True)
+
+
+def test_a_tenants_policy_from_its_keys() -> None:
+    limits = {"requests_per_minute": 60, "tokens_per_minute": 1000, "streams": 4}
+    policy = {"tenant": "team-a", "weight": 2, "tier": "critical", "limits": limits}
+    s = keys({"key": "sk-a1", **policy}, {"key": "sk-a2", **policy}, "sk-other")
+    expected = Tenant(
+        name="team-a",
+        weight=2.0,
+        tier="critical",
+        limits=TenantLimits(requests_per_minute=60, tokens_per_minute=1000, streams=4),
+        configured=True,
+    )
+    assert s.access.tenant("team-a") == expected
+    assert s.access.tenant_names() == ("team-a", key_tenant_name("sk-other"))
+    assert s.access.tenant("addr-10.0.0.7") == Tenant(name="addr-10.0.0.7")  # not configured
+    assert "team-a" in repr(s.access.key_policies())
+    for secret in ("sk-a1", "sk-other"):
+        assert secret not in repr(s) and secret not in repr(s.access.key_policies())
+
+
+def test_keys_of_one_tenant_must_agree() -> None:
+    a = {"tenant": "team-a", "weight": 2}
+    for other, field in (
+        ({"tenant": "team-a", "weight": 3}, "weight"),
+        ({"tenant": "team-a", "weight": 2, "tier": "sheddable"}, "tier"),
+        ({"tenant": "team-a", "weight": 2, "limits": {"streams": 1}}, "limits"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^api_keys\[2\]\.{field}: tenant 'team-a'"):
+            keys({"key": "k1", **a}, "k2", {"key": "k3", **other})
+
+
+def test_the_secret_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    secret = write(tmp_path / "key", "sk-from-file\n")
+    s = keys({"key_file": str(secret)}, {"key_env": "TEAM_KEY"}, env={"TEAM_KEY": "sk-from-env"})
+    assert [k.key for k in s.access.key_policies()] == ["sk-from-file", "sk-from-env"]
+
+
+def test_the_secret_from_the_environment_through_load_settings(tmp_path: Path) -> None:
+    config = write(tmp_path / "w.yaml", f"engines: [{URL}]\napi_keys: [{{key_env: K}}]\n")
+    s = load(tmp_path, {"K": "sk-loaded"}, config_file=str(config))
+    assert s.access.key_policies()[0].key == "sk-loaded"
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        ({"key_file": "/no/such/file"}, r"^api_keys\[1\]\.key_file: cannot read /no/such/file"),
+        ({"key_env": "UNSET_KEY"}, r"^api_keys\[1\]\.key_env: environment variable UNSET_KEY"),
+        ({"key": "sk-x", "key_env": "K"}, r"^api_keys\[1\]: give one of key, key_file"),
+        ({"role": "user"}, r"^api_keys\[1\]\.key: required"),
+        ({"key": "sk-x", "weight": 0}, r"^api_keys\[1\]\.weight: expected a positive number"),
+        ({"key": "sk-x", "weight": "heavy"}, r"^api_keys\[1\]\.weight"),
+        ({"key": "sk-x", "tier": "gold"}, r"^api_keys\[1\]\.tier: expected one of"),
+        ({"key": "sk-x", "limits": {"streams": 0}}, r"^api_keys\[1\]\.limits\.streams: expected"),
+        ({"key": "sk-x", "limits": {"streams": 1.5}}, r"^api_keys\[1\]\.limits\.streams"),
+        ({"key": "sk-x", "limits": {"rpm": 5}}, r"^api_keys\[1\]\.limits: unknown keys \['rpm'\]"),
+        ({"key": "sk-x", "limits": [5]}, r"^api_keys\[1\]\.limits: expected a mapping"),
+        ({"key": "sk-x", "tenant": 7}, r"^api_keys\[1\]\.tenant: expected a name"),
+    ],
+)
+def test_bad_tenant_entries_name_the_key_never_the_secret(
+    entry: dict[str, Any], where: str, tmp_path: Path
+) -> None:
+    empty = write(tmp_path / "empty", "\n")
+    with pytest.raises(ConfigError, match=where) as caught:
+        keys("sk-first", entry, env={"K": "sk-secret-env", "EMPTY": ""})
+    assert "sk-x" not in str(caught.value) and "sk-secret" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"^api_keys\[0\]\.key_file: .* is empty"):
+        keys({"key_file": str(empty)})
+
+
+def test_fair_share_is_on_by_default_and_reads_the_file_and_the_env(tmp_path: Path) -> None:
+    assert settings_from_dict({"engines": [URL]}).serving.fair_share is True
+    assert settings_from_dict({"engines": [URL], "fair_share": False}).serving.fair_share is False
+    assert from_env(tmp_path, FAIR_SHARE="false").serving.fair_share is False
+    assert from_env(tmp_path, FAIR_SHARE="on").serving.fair_share is True
+    with pytest.raises(ConfigError, match=r"^WHOSETURN_FAIR_SHARE: cannot read 'maybe'"):
+        from_env(tmp_path, FAIR_SHARE="maybe")
+    with pytest.raises(ConfigError, match=r"^fair_share: expected true or false"):
+        settings_from_dict({"engines": [URL], "fair_share": "yes"})

@@ -11,7 +11,7 @@ from pathlib import Path
 from proxy.clock import VirtualClock
 from proxy.config import EngineConfig
 from proxy.metrics import Deadline, ProxyMetrics
-from proxy.scheduler import Scheduler
+from proxy.scheduler import Job, Scheduler, TrafficClass
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"`(whoseturn_\w+)(?:\{([^}]*)\})?`")
@@ -66,15 +66,31 @@ class Store:
     outages: int = 0
 
 
-def proxy_metrics() -> ProxyMetrics:
-    config = EngineConfig(name="a", url="http://a:8000", models=frozenset({"m"}))
-    return ProxyMetrics(Scheduler([config], VirtualClock()), 0.3, 0.1, {"a": config.url})
+CONFIG = EngineConfig(name="a", url="http://a:8000", models=frozenset({"m"}))
+
+
+def proxy_metrics(scheduler: Scheduler | None = None) -> ProxyMetrics:
+    scheduler = scheduler if scheduler is not None else Scheduler([CONFIG], VirtualClock())
+    return ProxyMetrics(scheduler, 0.3, 0.1, {"a": CONFIG.url}, tenant_names=("team-a",))
 
 
 def every_family_fed() -> ProxyMetrics:
-    """Metrics with a ledger, batch on, one engine piecing, and one of each
-    request-path observation, so every family has a sample."""
-    metrics = proxy_metrics()
+    """Metrics with a ledger, batch on, one engine piecing, one of each
+    request-path observation, and chats of two tenants queued (so the fairness index
+    is judged), so every family has a sample."""
+    scheduler = Scheduler([CONFIG], VirtualClock())
+    for tenant in ("team-a", "team-b"):
+        scheduler.submit(
+            Job(
+                id=tenant,
+                cls=TrafficClass.INTERACTIVE,
+                model="m",
+                prompt_tokens=10,
+                arrival=0.0,
+                tenant=tenant,
+            )
+        )
+    metrics = proxy_metrics(scheduler)
     metrics.ledger.attach(Ledger())
     metrics.batch.attach(Store(), lambda: [Deadline("batch_1", 200.0, 100.0)])
     metrics.batch.set_jobs({"in_progress": 1})
@@ -82,6 +98,7 @@ def every_family_fed() -> ProxyMetrics:
     metrics.queue_wait.labels("interactive").observe(0.01)
     for histogram in (metrics.ttft, metrics.prefill, metrics.inter_token, metrics.request):
         histogram.labels("interactive", "a").observe(0.01)
+    metrics.tenants.request("team-a", TrafficClass.INTERACTIVE, waited_s=0.01, ttft_s=0.02)
     return metrics
 
 

@@ -251,3 +251,138 @@ def test_narrowed_runs_only_the_named_arms_and_leaves_out_their_bars() -> None:
         narrowed(full, ["fcfs", "sideways"])
     with pytest.raises(WorkloadError, match="at least 1"):
         narrowed(full, None, warm_runs=0)
+
+
+# -- tenants -------------------------------------------------------------------------
+
+
+def _tenants() -> dict[str, Any]:
+    data = _good()
+    data["tenants"] = [
+        {
+            "name": "quiet",
+            "key": "k-quiet",
+            "classes": {
+                "chat": chat_class({"process": "periodic", "rate": 2}, chars=100, max_tokens=8)
+            },
+        },
+        {
+            "name": "noisy",
+            "key_env": "NOISY_KEY",
+            "classes": {"chat": batch_class(concurrency=32, chars=8000, max_tokens=16)},
+        },
+    ]
+    return data
+
+
+def test_tenants_name_their_classes_and_carry_their_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    monkeypatch.setenv("NOISY_KEY", "k-noisy")
+    w = parse_workload(_tenants(), base=Path())
+    assert [(c.name, c.tenant) for c in w.classes] == [
+        ("chat", ""),
+        ("batch", ""),
+        ("quiet/chat", "quiet"),
+        ("noisy/chat", "noisy"),
+    ]
+    assert w.tenant_names() == ["", "quiet", "noisy"]
+    quiet, noisy = w.classes[2], w.classes[3]
+    assert w.headers(quiet) == {"Authorization": "Bearer k-quiet"}
+    assert w.headers(noisy) == {"Authorization": "Bearer k-noisy"}
+    assert w.headers(w.classes[0]) == {}
+    assert quiet.arrival.process == "periodic" and send_times(w, quiet)[:3] == [0.5, 1.0, 1.5]
+    assert noisy.arrival.concurrency == 32
+    # the proxy's name for a key it has no config for; the key itself is never written
+    assert w.tenants[0].proxy_name == "key-" + hashlib.sha256(b"k-quiet").hexdigest()[:8]
+    written = w.to_json()
+    assert written["tenants"] == [
+        {"name": "quiet", "proxy_name": w.tenants[0].proxy_name},
+        {"name": "noisy", "proxy_name": w.tenants[1].proxy_name},
+    ]
+    assert "k-quiet" not in repr(written) and "k-noisy" not in repr(w)
+    # the prompt's header names the tenant's class, so no two tenants share a prefix
+    assert body(w, quiet, 0)["messages"][0]["content"].startswith("quiet/chat 0")
+
+
+def test_a_tenants_class_is_judged_and_prioritised_by_its_full_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NOISY_KEY", "k-noisy")
+    data = _tenants()
+    data["engines"] = {"command": "whoseturn sim --port {port}"}
+    data["proxy"] = {"settings": {}}
+    data["arms"] = [{"name": "p", "via": "proxy", "priority": {"quiet/chat": -10}}]
+    data["bars"] = [{"figure": "quiet/chat.ttft_p95", "arm": "p", "at_most": 0.1}]
+    w = parse_workload(data, base=Path())
+    assert w.arms[0].priority == {"quiet/chat": -10} and w.bars[0].figure == "quiet/chat.ttft_p95"
+    data["bars"] = [{"figure": "chat/quiet.ttft_p95", "arm": "p", "at_most": 0.1}]
+    with pytest.raises(WorkloadError, match=r"bars\[0\]\.figure: CLASS\.FIGURE"):
+        parse_workload(data, base=Path())
+
+
+def test_tenants_alone_need_no_top_level_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOISY_KEY", "k-noisy")
+    data = _tenants()
+    del data["classes"]
+    w = parse_workload(data, base=Path())
+    assert w.tenant_names() == ["quiet", "noisy"]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"name": "qu iet"}, r"tenants\[0\]\.name: letters, digits, - and _ only"),
+        ({"name": "noisy"}, r"tenants\[1\]\.name: 'noisy' is named twice"),
+        ({"key": "k-noisy", "key_env": "NOISY_KEY"}, r"tenants\[0\]\.key: give key or key_env"),
+        ({"key": None}, r"tenants\[0\]\.key: give key or key_env"),
+        ({"key": "k-noisy"}, r"tenants\[1\]\.key: the same key as tenants\[0\] \(quiet\)"),
+        ({"key": ""}, r"tenants\[0\]\.key: empty, or with a space"),
+        ({"key": 12}, r"tenants\[0\]\.key: wrong type"),
+        ({"classes": {}}, r"tenants\[0\]\.classes: at least one traffic class"),
+        ({"limits": {}}, r"tenants\[0\]\.limits: unknown key"),
+        (
+            {"classes": {"chat": {**chat_class({}, chars=9, max_tokens=1), "route": "fast"}}},
+            r"tenants\[0\]\.classes\.chat\.route: one of chat",
+        ),
+        (
+            {
+                "classes": {
+                    "c": chat_class({"process": "periodic", "rate": 0}, chars=9, max_tokens=1)
+                }
+            },
+            r"tenants\[0\]\.classes\.c\.arrival\.rate: must be positive",
+        ),
+    ],
+)
+def test_a_bad_tenant_names_the_key(
+    monkeypatch: pytest.MonkeyPatch, change: dict[str, Any], named: str
+) -> None:
+    monkeypatch.setenv("NOISY_KEY", "k-noisy")
+    data = _tenants()
+    quiet = data["tenants"][0]
+    for key, value in change.items():
+        if value is None:
+            del quiet[key]
+        else:
+            quiet[key] = value
+    with pytest.raises(WorkloadError, match=named):
+        parse_workload(data, base=Path())
+
+
+def test_a_tenants_key_from_an_unset_variable_names_the_variable_not_a_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NOISY_KEY", raising=False)
+    with pytest.raises(WorkloadError, match=r"tenants\[1\]\.key_env: the variable NOISY_KEY"):
+        parse_workload(_tenants(), base=Path())
+
+
+def test_a_periodic_arrival_has_no_burstiness() -> None:
+    data = _good()
+    data["classes"]["chat"]["arrival"] = {"process": "periodic", "rate": 4, "burstiness": 2}
+    with pytest.raises(WorkloadError, match=r"classes\.chat\.arrival\.burstiness: .* has none"):
+        parse_workload(data, base=Path())
+    data["classes"]["chat"]["arrival"] = {"process": "periodic", "rate": 4}
+    w = parse_workload(data, base=Path())
+    assert send_times(w, w.classes[0]) == [k / 4 for k in range(1, 160)]  # 40 s, not at 40

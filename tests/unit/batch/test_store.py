@@ -63,7 +63,7 @@ async def content(store: BatchStore, file_id: str | None) -> str:
 
 async def test_sqlite_schema_is_versioned_and_wal(sqlite_store: SQLiteStore) -> None:
     with sqlite3.connect(sqlite_store.path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -72,8 +72,9 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_jobs(tmp_path: Path) 
     await old.open()
     await new_job(old, 2)
     await old.close()
-    with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 1: no `errors`
+    with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 1: no `errors`, `tenant`
         db.execute("ALTER TABLE batches DROP COLUMN errors")
+        db.execute("ALTER TABLE batches DROP COLUMN tenant")
         db.execute("PRAGMA user_version = 1")
     store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
     await store.open()
@@ -94,10 +95,11 @@ async def test_a_version_1_postgres_store_is_migrated_and_keeps_its_jobs(
     await old.close()
     with psycopg.connect(postgres_db, autocommit=True) as conn:  # back to schema 1
         conn.execute("ALTER TABLE batches DROP COLUMN errors")
+        conn.execute("ALTER TABLE batches DROP COLUMN tenant")
         conn.execute("UPDATE schema_version SET version = 1")
     store = PostgresStore(postgres_db, lambda: 1000.0, pool_size=2)
     await store.open()
-    assert await store.schema_version() == len(MIGRATIONS) == 2
+    assert await store.schema_version() == len(MIGRATIONS) == 3
     batch = await store.get_batch("batch_1")
     assert batch is not None and (batch.total, batch.errors) == (2, None)
     failed = await store.fail_batch("batch_1", [{"code": "x", "message": "m"}])
