@@ -23,9 +23,9 @@ import pytest
 
 from loadtests.support.vllm import MODEL_NAME
 
-from .vllmserver import VllmFleet, proxy_in_front
+from .vllmserver import STARTUP_ALLOWANCE_S, VllmFleet, proxy_in_front
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(STARTUP_ALLOWANCE_S + 300)]
 
 LOW_CHATS = 8
 PROMPT_WORDS = 1200
