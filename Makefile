@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test lint check interference evaluate sim system-deps clean bench bench-fleet bench-tenants router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm
+.PHONY: help demo test lint check interference evaluate sim system-deps clean bench bench-fleet bench-tenants router-venv test-e2e vllm-venv tiny-model compare first-burst test-docker crosscheck-vllm status-shots
 
 # Debian packages the tests use: a real Prometheus (dashboard and rules), a real
 # headless Chromium (status page) and a real PostgreSQL (the batch store; its
@@ -28,6 +28,7 @@ help:
 	@echo "make compare       chat beside a batch job on real vLLM: three direct arms and the proxy (~15 min)"
 	@echo "make first-burst   the first batch burst beside live chat on real vLLM, fresh and again, FCFS vs the proxy (~10 min)"
 	@echo "make crosscheck-vllm  the harness against vllm bench serve on real vLLM, same requests (~10-15 min)"
+	@echo "make status-shots  the status page beside chat and batch on simulated engines, in Chromium: docs/status-page.png (~1 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -156,6 +157,13 @@ crosscheck-vllm: $(STAMP) $(MODEL_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/whoseturn demo
+
+# The status page as it is today, in docs/ (docs/scheduling.md): two simulated engines
+# and the proxy, chat beside batch, one engine stopped, /status in headless Chromium.
+# SHOTS: the PNGs to write.
+SHOTS ?= docs/status-page.png
+status-shots: $(STAMP) system-deps
+	$(BIN)/python -m loadtests.demo.status_shots $(SHOTS)
 
 interference: $(STAMP)
 	$(BIN)/whoseturn sim interference

@@ -4,23 +4,28 @@ one of them runs. ``serve`` hands the loaded settings to :func:`proxy.process.ru
 which runs the proxy's processes (:mod:`proxy.process`).
 
 :func:`main` takes the arguments (default ``sys.argv[1:]``) and returns the exit
-status. ``whoseturn serve`` logs at start where its settings came from and where it
-answers; :func:`serve` takes the environment, the working directory and the server
-runner as arguments, so tests pass their own.
+status. ``whoseturn serve`` fails fast: a bad setting (every one, at once) or a port
+already in use stops it before any part of the proxy starts; then it logs where its
+settings came from, where it answers and where the Batch API keeps its jobs.
+:func:`serve` takes the environment, the working directory, the server runner and
+the port check as arguments, so tests pass their own. ``whoseturn turn`` sends an
+API key (``--key``, ``$WHOSETURN_API_KEY``) to a proxy that asks for one.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.config import DEFAULT_CONFIG_FILE
+from proxy.config import DEFAULT_CONFIG_FILE, ConfigError
 from proxy.help_format import Parser
 from proxy.logs import LOG_LEVELS, configure_logging
 
@@ -49,6 +54,7 @@ ENV_VARS = (
     "WHOSETURN_REPLICA_ID",
     "WHOSETURN_WORKERS",
     "WHOSETURN_BATCH_STORE_PATH",
+    "WHOSETURN_DATA_DIR",
     "WHOSETURN_BATCH_MIN_SHARE",
     "WHOSETURN_HOLD_TIMEOUT_S",
     "WHOSETURN_BATCH_ABORT",
@@ -58,6 +64,9 @@ ENV_VARS = (
     "WHOSETURN_FAIR_SHARE",
 )
 """The environment variables the proxy's settings read (``proxy.config``)."""
+
+API_KEY_VAR = "WHOSETURN_API_KEY"
+"""The API key the commands that talk to a proxy send when ``--key`` is not given."""
 
 BENCH_COMMANDS = {
     "sim": "run the simulated vLLM-compatible engine, or its tables in virtual time "
@@ -96,6 +105,13 @@ def build_parser() -> Parser:
         description="Ask a running proxy's /turn whose turn it is on each engine, and why.",
     )
     turn.add_argument("--proxy", default="http://127.0.0.1:8080", help="the proxy's base URL")
+    turn.add_argument(
+        "--key",
+        default=None,
+        metavar="KEY",
+        help=f"an API key of the proxy (a read key is enough), sent as a bearer token "
+        f"(default: ${API_KEY_VAR}; none if unset)",
+    )
     for name, text in BENCH_COMMANDS.items():
         # Everything after the command goes to loadtests.cli untouched, options
         # included: no prefix character of this parser matches them.
@@ -133,6 +149,13 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
             flag, type=float, default=None, dest=dest, metavar="SECONDS", help=f"interactive {what}"
         )
     serve.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="where the proxy keeps its data, the Batch API's SQLite store among it "
+        "(default: $XDG_DATA_HOME/whoseturn, else ~/.local/share/whoseturn)",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -151,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench_main(args.command, args.bench_args)
     if args.command == "turn":
-        return _turn(args.proxy)
+        return turn(args.proxy, args.key or os.environ.get(API_KEY_VAR) or None)
     try:
         return serve(args)
     except ValueError as exc:  # ConfigError names the bad key
@@ -165,11 +188,17 @@ def serve(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     run: Callable[[Settings, str], int] | None = None,
+    check_port: Callable[[str, int], None] | None = None,
 ) -> int:
-    """``whoseturn serve``: load the settings, log where they came from, run the proxy
-    until SIGTERM and its drain; the exit status.
+    """``whoseturn serve``: load the settings, check the port is free, log where they
+    came from, run the proxy until SIGTERM and its drain; the exit status.
 
-    ``run(settings, log_level)`` runs the proxy (default :func:`proxy.process.run`).
+    ``run(settings, log_level)`` runs the proxy (default :func:`proxy.process.run`,
+    after :func:`make_data_dir`); ``check_port(host, port)`` raises
+    :class:`ConfigError` if the proxy could not listen there (default
+    :func:`port_free`). The check comes first because uvicorn binds only after the
+    app's startup: without it a port in use would be reported after the engines were
+    probed and the batch store opened.
     """
     from proxy.config import load_settings
 
@@ -183,13 +212,17 @@ def serve(
         "ttft_target_s": args.ttft_target_s,
         "gap_target_s": args.gap_target_s,
         "workers": args.workers,
+        "data_dir": args.data_dir,
     }
     settings = load_settings(str(file) if file else None, overrides, env=env, cwd=cwd)
+    (check_port or port_free)(settings.serving.host, settings.serving.port)
     log_sources(file, env, engines_given=bool(args.engine), cwd=cwd)
     log_addresses(settings)
+    log_batch(settings)
     if run is None:
         from proxy.process import run as run_processes  # uvicorn and the app: only here
 
+        make_data_dir(settings)
         run = run_processes
     return run(settings, args.log_level)
 
@@ -246,17 +279,98 @@ def log_addresses(settings: Settings) -> None:
     _log.info("status page: %s/status", base)
 
 
-def _turn(proxy: str) -> int:
+def port_free(host: str, port: int) -> None:
+    """Raise :class:`ConfigError` naming the port and the flag to change it if the
+    proxy could not listen on ``host``:``port`` now. Bound as uvicorn binds
+    (``SO_REUSEADDR``, so a port whose last connections linger in TIME_WAIT is free),
+    then closed again."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            why = (
+                f"{host}:{port} is already in use (another whoseturn, or another "
+                f"server?): stop it, or choose another port with --port N"
+            )
+        elif exc.errno == errno.EACCES:
+            why = f"{host}:{port}: permission denied; choose a port above 1023 with --port N"
+        else:
+            reason = exc.strerror or str(exc)
+            why = f"cannot listen on {host}:{port}: {reason}; check --host and --port"
+        raise ConfigError("port", why) from None
+
+
+def make_data_dir(settings: Settings) -> None:
+    """Create the SQLite batch store's directory if missing, so that one that cannot
+    be made stops the start here, naming it and the flag, rather than in the app's
+    startup after the engines were probed."""
+    batch = settings.batch
+    if not (batch.on and batch.store == "sqlite"):
+        return
+    folder = Path(batch.store_path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            "data_dir",
+            f"cannot create {folder}: {exc.strerror or exc}; choose another with --data-dir "
+            f"DIR (or WHOSETURN_DATA_DIR), or turn the Batch API off with batch_store: off",
+        ) from None
+
+
+def log_batch(settings: Settings) -> None:
+    """Log, at info, whether the Batch API is on and where it keeps its jobs (never
+    the DSN's password), or why it is off and how to turn it on."""
+    batch = settings.batch
+    if batch.on and batch.store == "sqlite":
+        _log.info("batch API on: SQLite at %s", batch.store_path)
+    elif batch.on:
+        from proxy.batch.postgres import redacted  # psycopg: only with its store
+
+        _log.info("batch API on: PostgreSQL at %s", redacted(batch.dsn))
+    elif batch.store == "off":
+        _log.info("batch API off (batch_store: %s); batch_store: sqlite turns it on", batch.store)
+    else:
+        _log.info(
+            "batch API off: the SQLite store is for one process and workers is %s; "
+            "batch_store: postgres with batch_dsn turns it on for every worker",
+            settings.replicas.workers,
+        )
+
+
+def turn(proxy: str, key: str | None) -> int:
+    """``whoseturn turn``: print the proxy's ``/turn`` as text; the exit status. ``key``
+    is sent as a bearer token; a proxy that refuses the call is told apart from one
+    that cannot be reached, with the flag that fixes it."""
     import httpx
 
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    url = f"{proxy.rstrip('/')}/turn"
     try:
-        response = httpx.get(f"{proxy.rstrip('/')}/turn", params={"format": "text"}, timeout=5)
-        response.raise_for_status()
+        response = httpx.get(url, params={"format": "text"}, headers=headers, timeout=5)
     except httpx.HTTPError as exc:
         print(f"whoseturn: cannot ask {proxy}: {exc}", file=sys.stderr)
         return 1
+    if response.status_code in (401, 403):
+        print(f"whoseturn: {proxy} {_refusal(response.status_code, key)}", file=sys.stderr)
+        return 1
+    if response.is_error:
+        print(f"whoseturn: {proxy} answered {response.status_code}", file=sys.stderr)
+        return 1
     print(response.text, end="")
     return 0
+
+
+def _refusal(status: int, key: str | None) -> str:
+    """What a 401 or 403 from the proxy means for the caller, and what to do."""
+    if status == 403:
+        return "refused the key (403): it may not read /turn; use a key with role read or user"
+    if key:
+        return f"refused the key (401): pass a key the proxy has with --key (or ${API_KEY_VAR})"
+    return f"asks for an API key (401): pass one with --key KEY (or set ${API_KEY_VAR})"
 
 
 def _version() -> str:

@@ -1,9 +1,11 @@
 """The proxy's settings: YAML file, then ``WHOSETURN_*`` environment, then flags.
 
 Everything is validated when loaded, with an error that names the bad key, so a
-typo stops the proxy at start rather than at the first request. The file's keys are
-flat; :class:`Settings` holds them in the sections ``whoseturn.example.yaml`` groups
-them in (``batch_store_path`` is ``settings.batch.store_path``). Example file::
+typo stops the proxy at start rather than at the first request; every error is
+reported at once (one :class:`ConfigError` listing them), an unknown key with the
+known key it is closest to. The file's keys are flat; :class:`Settings` holds them
+in the sections ``whoseturn.example.yaml`` groups them in (``batch_store_path`` is
+``settings.batch.store_path``). Example file::
 
     port: 8080
     ttft_target_s: 0.3            # interactive TTFT target (the budget loop aims below)
@@ -42,8 +44,10 @@ them in (``batch_store_path`` is ``settings.batch.store_path``). Example file::
     ledger_dsn: postgresql://...  # several replicas share each engine's budget
                                   # (docs/replicas.md); unset: this replica alone
     workers: 1                    # processes on one port, each a replica (needs ledger_dsn)
+    data_dir: ~/.local/share/whoseturn  # the default batch store lives here
+    batch_store: sqlite           # the Batch API's store: sqlite, postgres, or off
     engines:
-      - url: http://127.0.0.1:8000
+      - url: http://127.0.0.1:8000  # the engine's base URL: no /v1 (the proxy adds it)
         name: engine-a            # default: engine-0, engine-1, ...
                                   # url: dns+http://vllm-headless:8000 is a group found
                                   # by DNS: one engine per address, named NAME-ADDRESS
@@ -64,18 +68,25 @@ Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_MAX_BODY_BYTES_IN_FLIGHT``, ``WHOSETURN_HEADER_TIMEOUT_S``,
 ``WHOSETURN_BODY_TIMEOUT_S``, ``WHOSETURN_MAX_INCOMPLETE_CONNECTIONS``,
 ``WHOSETURN_LEDGER_DSN``, ``WHOSETURN_REPLICA_ID``, ``WHOSETURN_WORKERS``,
-``WHOSETURN_BATCH_STORE_PATH``,
-``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
+``WHOSETURN_BATCH_STORE_PATH``, ``WHOSETURN_DATA_DIR``, ``WHOSETURN_BATCH_STORE``,
+``WHOSETURN_BATCH_DSN``, ``WHOSETURN_BATCH_MIN_SHARE``, ``WHOSETURN_HOLD_TIMEOUT_S``,
 ``WHOSETURN_BATCH_ABORT``, ``WHOSETURN_BATCH_ABORT_MAX``, ``WHOSETURN_FAIR_SHARE``.
+
+The Batch API is on by default: with ``batch_store: sqlite`` (the default) and no
+``batch_store_path``, its SQLite database is ``DATA_DIR/batch.sqlite3``, where
+``DATA_DIR`` is ``data_dir`` (``--data-dir``, ``WHOSETURN_DATA_DIR``), else
+``$XDG_DATA_HOME/whoseturn``, else ``~/.local/share/whoseturn``; ``batch_store: off``
+turns it off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import os
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,17 +99,68 @@ DEFAULT_CONFIG_FILE = "whoseturn.yaml"
 
 
 class ConfigError(ValueError):
-    """The settings are invalid; ``where`` names the key, ``why`` says what is wrong."""
+    """The settings are invalid; ``where`` names the key, ``why`` says what is wrong.
+    ``errors``: each error found (this one alone, unless it lists several: see
+    :meth:`of`)."""
 
-    def __init__(self, where: str, why: str) -> None:
+    def __init__(self, where: str, why: str, errors: Iterable[ConfigError] = ()) -> None:
         super().__init__(f"{where}: {why}" if where else why)
         self.where = where
         self.why = why
+        self.errors: tuple[ConfigError, ...] = tuple(errors) or (self,)
+
+    @classmethod
+    def of(cls, errors: Iterable[ConfigError]) -> ConfigError:
+        """One error for all of ``errors`` (each once, in order): the error itself
+        when there is one, so that one mistake reads as before."""
+        found: dict[tuple[str, str], ConfigError] = {}
+        for error in errors:
+            for one in error.errors:
+                found.setdefault((one.where, one.why), one)
+        if len(found) == 1:
+            return next(iter(found.values()))
+        lines = "\n".join(f"  - {e}" for e in found.values())
+        return cls("", f"{len(found)} errors in the settings:\n{lines}", found.values())
+
+
+class _Problems:
+    """The errors of checks that do not depend on each other, gathered so that the
+    proxy reports every mistake at once instead of one per start."""
+
+    def __init__(self) -> None:
+        self.found: list[ConfigError] = []
+
+    @contextmanager
+    def gather(self) -> Iterator[None]:
+        """An error raised inside is noted, and the code after the block goes on."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.found.append(exc)
+
+    def add(self, where: str, why: str) -> None:
+        self.found.append(ConfigError(where, why))
+
+    def raise_any(self) -> None:
+        """Raise every error noted so far, as one."""
+        if self.found:
+            raise ConfigError.of(self.found)
+
+
+Rule = tuple[bool, str, str]
+"""A check: whether it holds, the key it names, what is wrong if not."""
 
 
 def _check(cond: bool, where: str, why: str) -> None:
     if not cond:
         raise ConfigError(where, why)
+
+
+def _checks(*rules: Rule) -> None:
+    """Every rule that fails, raised at once."""
+    failed = [ConfigError(where, why) for ok, where, why in rules if not ok]
+    if failed:
+        raise ConfigError.of(failed)
 
 
 @contextmanager
@@ -107,7 +169,8 @@ def _under(where: str) -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        raise ConfigError(f"{where}.{exc.where}" if exc.where else where, exc.why) from None
+        below = [ConfigError(f"{where}.{e.where}" if e.where else where, e.why) for e in exc.errors]
+        raise ConfigError.of(below) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,18 +194,20 @@ class BudgetConfig:
     increase_tokens: int = 512
 
     def __post_init__(self) -> None:
-        _check(
-            0 < self.min_tokens <= self.initial_tokens <= self.max_tokens,
-            "budget",
-            "need 0 < min_tokens <= initial_tokens <= max_tokens",
-        )
-        _check(0 < self.decrease < 1, "budget.decrease", "must be in (0, 1)")
-        _check(0 < self.aim <= 1, "budget.aim", "must be in (0, 1]")
-        _check(0 < self.percentile <= 1, "budget.percentile", "must be in (0, 1]")
-        _check(
-            self.ttft_target_s > 0 and self.gap_target_s > 0,
-            "targets",
-            "ttft_target_s and gap_target_s must be positive",
+        _checks(
+            (
+                0 < self.min_tokens <= self.initial_tokens <= self.max_tokens,
+                "budget",
+                "need 0 < min_tokens <= initial_tokens <= max_tokens",
+            ),
+            (0 < self.decrease < 1, "budget.decrease", "must be in (0, 1)"),
+            (0 < self.aim <= 1, "budget.aim", "must be in (0, 1]"),
+            (0 < self.percentile <= 1, "budget.percentile", "must be in (0, 1]"),
+            (
+                self.ttft_target_s > 0 and self.gap_target_s > 0,
+                "targets",
+                "ttft_target_s and gap_target_s must be positive",
+            ),
         )
 
 
@@ -192,19 +257,21 @@ class EngineConfig:
     kv_events_replay: str = ""
 
     def __post_init__(self) -> None:
-        _check(self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto")
-        _check(self.piece_tokens >= 1, "piece_tokens", "must be at least 1")
-        _check(
-            self.scheduling_policy in ("fcfs", "priority"),
-            "scheduling_policy",
-            "expected fcfs or priority",
+        _checks(
+            (self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto"),
+            (self.piece_tokens >= 1, "piece_tokens", "must be at least 1"),
+            (
+                self.scheduling_policy in ("fcfs", "priority"),
+                "scheduling_policy",
+                "expected fcfs or priority",
+            ),
+            (
+                self.max_inflight >= 1 and self.batch_max_inflight >= 1,
+                "",
+                "max_inflight and batch_max_inflight must be at least 1",
+            ),
+            (0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]"),
         )
-        _check(
-            self.max_inflight >= 1 and self.batch_max_inflight >= 1,
-            "",
-            "max_inflight and batch_max_inflight must be at least 1",
-        )
-        _check(0 < self.kv_high_watermark <= 1, "kv_high_watermark", "expected (0, 1]")
 
     @property
     def by_dns(self) -> bool:
@@ -233,7 +300,9 @@ ROLES = ("user", "read")
 CLASSES = ("interactive", "batch")
 TIERS = ("critical", "standard", "sheddable")
 ROUTE_BY = ("prefix", "affinity", "load")
-BATCH_STORES = ("sqlite", "postgres")
+BATCH_STORES = ("sqlite", "postgres", "off")
+BATCH_DATABASE = "batch.sqlite3"
+"""The default SQLite batch store's file name, in the data directory."""
 BATCH_ABORTS = ("off", "on", "auto")
 
 
@@ -325,7 +394,8 @@ class ApiKey:
 
 @dataclass(frozen=True, kw_only=True)
 class ServingSettings:
-    """Where the proxy listens, the chat targets it keeps, how it stops."""
+    """Where the proxy listens, the chat targets it keeps, how it stops, where it
+    keeps its data."""
 
     PREFIX: ClassVar[str] = ""
 
@@ -343,6 +413,9 @@ class ServingSettings:
     # within each class, tenants served by a weighted fair share of the tokens (off:
     # arrival order within a class; proxy.scheduler.fair)
     fair_share: bool = True
+    # where the proxy keeps its data (the default SQLite batch store); "" here: the
+    # default, which loading resolves (default_data_dir)
+    data_dir: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -445,9 +518,11 @@ class ReplicaSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSettings:
-    """The Batch API (docs/batch.md): off while no store path is set (SQLite) or no
-    DSN (PostgreSQL). The DSN may hold a password: it is never printed. In the file
-    each key has the prefix ``batch_`` (``batch_store_path``)."""
+    """The Batch API (docs/batch.md): ``store`` ``sqlite`` (the default; loading sets
+    ``store_path`` to ``DATA_DIR/batch.sqlite3`` where none is given, for one proxy
+    process), ``postgres`` (with ``dsn``) or ``off``; off too while no store path is
+    set (SQLite) or no DSN (PostgreSQL). The DSN may hold a password: it is never
+    printed. In the file each key has the prefix ``batch_`` (``batch_store_path``)."""
 
     PREFIX: ClassVar[str] = "batch_"
 
@@ -462,6 +537,13 @@ class BatchSettings:
     window: int = 64
     max_attempts: int = 3
     retry_backoff_s: float = 0.5
+
+    @property
+    def on(self) -> bool:
+        """Whether the Batch API runs: its store chosen, and told where it is."""
+        if self.store == "sqlite":
+            return bool(self.store_path)
+        return self.store == "postgres" and bool(self.dsn)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -519,8 +601,17 @@ FILE_KEYS = ("engines", *(k for s in _SECTIONS.values() for k in _file_keys(s)))
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(set(data) - set(names))
-    _check(not unknown, where, f"unknown keys {unknown}; known: {sorted(names)}")
+    """Each key of ``data`` not among ``names`` is an error of its own, with the known
+    key it is closest to (a typo), else the known keys."""
+    unknown = sorted((str(k) for k in data if k not in names), key=str)
+    _checks(*((False, where, _unknown_key(key, names)) for key in unknown))
+
+
+def _unknown_key(key: str, names: Collection[str]) -> str:
+    close = difflib.get_close_matches(key, list(names), n=1)
+    if close:
+        return f"unknown key {key!r}: did you mean {close[0]!r}?"
+    return f"unknown key {key!r}; known: {', '.join(sorted(names))}"
 
 
 def _fields(cls: type[Any]) -> list[str]:
@@ -530,10 +621,13 @@ def _fields(cls: type[Any]) -> list[str]:
 _NOUNS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 
 
-def _typed(cls: type[Any], data: Mapping[str, Any], where: str, key: str = "") -> dict[str, Any]:
+def _typed(
+    cls: type[Any], data: Mapping[str, Any], where: str, key: str, problems: _Problems
+) -> dict[str, Any]:
     """``data`` with the scalar fields of ``cls`` (each at ``key`` + its name) checked
     against their types (ints pass as floats), so that ``port: "80"`` is an error
-    naming ``port``, not a TypeError later."""
+    naming ``port``, not a TypeError later. A wrongly typed value is noted in
+    ``problems`` and left out (its default stands in, so later checks go on)."""
     out = dict(data)
     for f in dataclasses.fields(cls):
         kind = str(f.type)  # a name: annotations are postponed
@@ -548,20 +642,46 @@ def _typed(cls: type[Any], data: Mapping[str, Any], where: str, key: str = "") -
         else:
             number = isinstance(value, int | float) and not isinstance(value, bool)
             ok = number and (kind == "float" or isinstance(value, int))
-        _check(ok, where + name, f"expected {_NOUNS[kind]}, got {value!r}")
-        if kind == "float":
+        if not ok:
+            problems.add(where + name, f"expected {_NOUNS[kind]}, got {value!r}")
+            del out[name]
+        elif kind == "float":
             out[name] = float(value)
     return out
 
 
 def _budget(data: Any, where: str, targets: Mapping[str, float]) -> BudgetConfig:
     _check(isinstance(data, Mapping), f"{where}.budget", "expected a mapping")
-    _known(BUDGET_FILE_KEYS, data, f"{where}.budget")
+    problems = _Problems()
+    with problems.gather():
+        _known(BUDGET_FILE_KEYS, data, f"{where}.budget")
+    known = {k: v for k, v in data.items() if k in BUDGET_FILE_KEYS}
+    typed = _typed(BudgetConfig, known, f"{where}.budget.", "", problems)
+    problems.raise_any()
     with _under(where):
-        typed = _typed(BudgetConfig, data, "budget.")
         return BudgetConfig(
             **typed, ttft_target_s=targets["ttft_target_s"], gap_target_s=targets["gap_target_s"]
         )
+
+
+def _engine_url(given: Any, where: str) -> str:
+    """The engine's base URL, without a trailing slash. One that ends in ``/v1`` is
+    refused with the URL to give instead: the proxy adds ``/v1/...`` itself, so the
+    engine would answer 404 to every call and be ejected."""
+    url = str(given or "").rstrip("/")
+    parts = urlsplit(url.removeprefix(DNS_SCHEME_PREFIX))
+    _check(
+        parts.scheme in ("http", "https") and bool(parts.hostname),
+        where,
+        f"expected http(s)://host:port or dns+http(s)://name:port, got {url!r}",
+    )
+    _check(
+        not parts.path.endswith("/v1"),
+        where,
+        f"{given!r} ends in /v1: drop /v1: the proxy adds the routes itself; "
+        f"use {url.removesuffix('/v1')}",
+    )
+    return url
 
 
 def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig:
@@ -569,36 +689,44 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
     if isinstance(data, str):
         data = {"url": data}
     _check(isinstance(data, Mapping), where, "expected a URL or a mapping")
-    _known(_fields(EngineConfig), data, where)
-    body = dict(data)
-    url = str(body.get("url", "")).rstrip("/")
-    parts = urlsplit(url.removeprefix(DNS_SCHEME_PREFIX))
-    _check(
-        parts.scheme in ("http", "https") and bool(parts.hostname),
-        f"{where}.url",
-        f"expected http(s)://host:port or dns+http(s)://name:port, got {url!r}",
+    problems = _Problems()
+    names = _fields(EngineConfig)
+    with problems.gather():
+        _known(names, data, where)
+    body = {k: v for k, v in data.items() if k in names}
+    url = ""
+    with problems.gather():
+        url = _engine_url(body.get("url"), f"{where}.url")
+    budget = BudgetConfig(
+        ttft_target_s=targets["ttft_target_s"], gap_target_s=targets["gap_target_s"]
     )
-    budget = _budget(body.pop("budget", {}) or {}, where, targets)
+    with problems.gather():
+        budget = _budget(body.pop("budget", {}) or {}, where, targets)
     models = body.pop("models", ()) or ()
-    _check(
-        isinstance(models, list | tuple) and all(isinstance(m, str) for m in models),
-        f"{where}.models",
-        "expected a list of model names",
-    )
+    if not (isinstance(models, list | tuple) and all(isinstance(m, str) for m in models)):
+        problems.add(f"{where}.models", "expected a list of model names")
+        models = ()
     body.update(url=url, name=str(body.get("name") or f"engine-{index}"))
     if isinstance(body.get("piecing"), bool):  # YAML reads a bare off / on as a bool
         body["piecing"] = "on" if body["piecing"] else "off"
-    with _under(where):
-        typed = _typed(EngineConfig, body, "")
-        return EngineConfig(**typed, models=tuple(models), budget=budget)
+    typed = _typed(EngineConfig, body, f"{where}.", "", problems)
+    engine = None
+    with problems.gather(), _under(where):
+        engine = EngineConfig(**typed, models=tuple(models), budget=budget)
+    problems.raise_any()
+    assert engine is not None
+    return engine
+
+
+TARGET_KEYS = ("ttft_target_s", "gap_target_s")
 
 
 def _targets(body: Mapping[str, Any]) -> dict[str, float]:
-    """The TTFT and gap targets every engine's budget loop aims under."""
-    typed = _typed(ServingSettings, body, "")
-    targets = {
-        k: typed.get(k, getattr(ServingSettings, k)) for k in ("ttft_target_s", "gap_target_s")
-    }
+    """The TTFT and gap targets every engine's budget loop aims under (a wrongly
+    typed one is reported with the other serving settings; its default stands in)."""
+    given = {k: body[k] for k in TARGET_KEYS if k in body}
+    typed = _typed(ServingSettings, given, "", "", _Problems())
+    targets = {k: typed.get(k, getattr(ServingSettings, k)) for k in TARGET_KEYS}
     _check(
         all(v > 0 for v in targets.values()),
         "targets",
@@ -611,10 +739,16 @@ def _engines(data: Any, targets: Mapping[str, float]) -> tuple[EngineConfig, ...
     engines = data or []
     _check(isinstance(engines, list | tuple), "engines", "expected a list")
     _check(len(engines) > 0, "engines", "at least one engine is needed (--engine URL)")
-    parsed = tuple(_engine(e, i, targets) for i, e in enumerate(engines))
+    problems = _Problems()
+    parsed: list[EngineConfig] = []
+    for index, entry in enumerate(engines):
+        with problems.gather():
+            parsed.append(_engine(entry, index, targets))
     names = [e.name for e in parsed]
-    _check(len(set(names)) == len(names), "engines", f"names must be unique, got {names}")
-    return parsed
+    if len(set(names)) != len(names):
+        problems.add("engines", f"names must be unique, got {names}")
+    problems.raise_any()
+    return tuple(parsed)
 
 
 def _class_override(value: Any) -> bool | tuple[str, ...] | None:
@@ -633,6 +767,20 @@ KEY_SOURCES = ("key", "key_file", "key_env")
 environment; exactly one of them."""
 
 
+def _api_keys(data: Any, env: Mapping[str, str]) -> tuple[str | ApiKey, ...]:
+    """The ``api_keys`` list: each entry checked (every bad one reported), then the
+    keys of one tenant checked to agree."""
+    _check(isinstance(data, list | tuple), "api_keys", "expected a list")
+    problems = _Problems()
+    keys: list[str | ApiKey] = []
+    for index, entry in enumerate(data):
+        with problems.gather():
+            keys.append(_api_key(entry, index, env))
+    problems.raise_any()
+    _same_tenants(tuple(keys))
+    return tuple(keys)
+
+
 def _api_key(data: Any, index: int, env: Mapping[str, str]) -> str | ApiKey:
     """A plain key string, or ``{key | key_file | key_env, role, classes,
     class_override, tenant, weight, tier, limits}``. No error shows the secret."""
@@ -640,23 +788,39 @@ def _api_key(data: Any, index: int, env: Mapping[str, str]) -> str | ApiKey:
     if isinstance(data, str | int):
         return str(data)
     _check(isinstance(data, Mapping), where, "expected a key or a mapping with `key`")
-    _known([*KEY_SOURCES[1:], *_fields(ApiKey)], data, where)
-    secret = _secret(data, where, env)
-    _check(data.get("role", "user") in ROLES, f"{where}.role", f"expected one of {ROLES}")
-    classes = tuple(data.get("classes", CLASSES))
-    _check(set(classes) <= set(CLASSES), f"{where}.classes", f"expected some of {CLASSES}")
+    problems = _Problems()
+    with problems.gather():
+        _known([*KEY_SOURCES[1:], *_fields(ApiKey)], data, where)
+    secret = ""
+    with problems.gather():
+        secret = _secret(data, where, env)
+    given = data.get("classes", CLASSES)
+    classes = tuple(given) if isinstance(given, list | tuple) else ()
     override = data.get("class_override", False)
-    _check(isinstance(override, bool), f"{where}.class_override", "expected true or false")
     tenant = data.get("tenant", "")
-    _check(isinstance(tenant, str), f"{where}.tenant", "expected a name")
     weight = data.get("weight", 1.0)
-    _check(
-        isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0,
-        f"{where}.weight",
-        f"expected a positive number, got {weight!r}",
-    )
     tier = data.get("tier", "standard")
-    _check(tier in TIERS, f"{where}.tier", f"expected one of {TIERS}")
+    with problems.gather():
+        _checks(
+            (data.get("role", "user") in ROLES, f"{where}.role", f"expected one of {ROLES}"),
+            (
+                isinstance(given, list | tuple) and all(c in CLASSES for c in classes),
+                f"{where}.classes",
+                f"expected some of {CLASSES}",
+            ),
+            (isinstance(override, bool), f"{where}.class_override", "expected true or false"),
+            (isinstance(tenant, str), f"{where}.tenant", "expected a name"),
+            (
+                isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0,
+                f"{where}.weight",
+                f"expected a positive number, got {weight!r}",
+            ),
+            (tier in TIERS, f"{where}.tier", f"expected one of {TIERS}"),
+        )
+    limits = TenantLimits()
+    with problems.gather():
+        limits = _limits(data.get("limits") or {}, f"{where}.limits")
+    problems.raise_any()
     return ApiKey(
         key=secret,
         role=str(data.get("role", "user")),
@@ -665,7 +829,7 @@ def _api_key(data: Any, index: int, env: Mapping[str, str]) -> str | ApiKey:
         tenant=tenant.strip(),
         weight=float(weight),
         tier=tier,
-        limits=_limits(data.get("limits") or {}, f"{where}.limits"),
+        limits=limits,
     )
 
 
@@ -695,104 +859,155 @@ def _secret(data: Mapping[str, Any], where: str, env: Mapping[str, str]) -> str:
 
 def _limits(data: Any, where: str) -> TenantLimits:
     _check(isinstance(data, Mapping), where, f"expected a mapping of some of {list(LIMIT_KEYS)}")
-    _known(LIMIT_KEYS, data, where)
+    problems = _Problems()
+    with problems.gather():
+        _known(LIMIT_KEYS, data, where)
     for name, value in data.items():
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        _check(
-            ok or value is None, f"{where}.{name}", f"expected a positive integer, got {value!r}"
-        )
+        if name in LIMIT_KEYS and not (ok or value is None):
+            problems.add(f"{where}.{name}", f"expected a positive integer, got {value!r}")
+    problems.raise_any()
     return TenantLimits(**data)
 
 
 def _same_tenants(keys: tuple[str | ApiKey, ...]) -> None:
     """Keys that name one tenant give it one policy: its weight, tier and limits."""
     first: dict[str, tuple[int, ApiKey]] = {}
+    rules: list[Rule] = []
     for index, entry in enumerate(keys):
         key = entry if isinstance(entry, ApiKey) else ApiKey(key=entry)
         seen = first.setdefault(key.tenant, (index, key))
         other = seen[1]
-        for name in ("weight", "tier", "limits"):
-            _check(
+        rules += [
+            (
                 getattr(key, name) == getattr(other, name),
                 f"api_keys[{index}].{name}",
                 f"tenant {key.tenant!r} has {name} {getattr(other, name)!r} in "
                 f"api_keys[{seen[0]}]: the keys of one tenant must agree on weight, "
                 f"tier and limits",
             )
+            for name in ("weight", "tier", "limits")
+        ]
+    _checks(*rules)
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    """Where the proxy keeps its data when ``data_dir`` is unset, as the XDG base
+    directory specification has it: ``$XDG_DATA_HOME/whoseturn`` (an absolute path;
+    a relative one is ignored), else ``~/.local/share/whoseturn``."""
+    xdg = env.get("XDG_DATA_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "whoseturn"
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".local" / "share" / "whoseturn"
+
+
+def _data_dir(body: dict[str, Any], env: Mapping[str, str]) -> None:
+    """``data_dir`` resolved, and the SQLite batch store placed in it where no path
+    is given: the Batch API on by default. Not for several worker processes (one
+    SQLite store is for one process): there it stays off unless configured."""
+    given = body.get("data_dir") or ""
+    data_dir = Path(given).expanduser() if given else default_data_dir(env)
+    body["data_dir"] = str(data_dir)
+    sqlite = body.get("batch_store", "sqlite") == "sqlite"
+    if sqlite and not body.get("batch_store_path") and body.get("workers", 1) == 1:
+        body["batch_store_path"] = str(data_dir / BATCH_DATABASE)
 
 
 def settings_from_dict(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
     """Validate a settings document (the merged YAML, environment and flags); ``env``
-    (default: the process's) holds the keys given as ``key_env``."""
+    (default: the process's) holds the keys given as ``key_env`` and the XDG
+    directories. Every error is found before one is raised: a :class:`ConfigError`
+    that lists them all."""
     env = os.environ if env is None else env
-    _known(FILE_KEYS, data, "settings")
-    body = dict(data)
-    if isinstance(body.get("batch_abort"), bool):  # YAML reads a bare off / on as a bool
-        body["batch_abort"] = "on" if body["batch_abort"] else "off"
-    targets = _targets(body)
-    engines = _engines(body.pop("engines", None), targets)
-    body["class_override"] = _class_override(body.pop("class_override", None))
+    problems = _Problems()
+    with problems.gather():
+        _known(FILE_KEYS, data, "settings")
+    body = {k: v for k, v in data.items() if k in FILE_KEYS}
+    for key, true in (("batch_abort", "on"), ("batch_store", "sqlite")):
+        if isinstance(body.get(key), bool):  # YAML reads a bare off / on as a bool
+            body[key] = true if body[key] else "off"
+    targets = {k: getattr(ServingSettings, k) for k in TARGET_KEYS}
+    with problems.gather():
+        targets = _targets(body)
+    engines: tuple[EngineConfig, ...] = ()
+    with problems.gather():
+        engines = _engines(body.pop("engines", None), targets)
+    override = body.pop("class_override", None)
+    with problems.gather():
+        body["class_override"] = _class_override(override)
     keys = body.pop("api_keys", ()) or ()
-    _check(isinstance(keys, list | tuple), "api_keys", "expected a list")
-    body["api_keys"] = tuple(_api_key(k, i, env) for i, k in enumerate(keys))
-    _same_tenants(body["api_keys"])
+    with problems.gather():
+        body["api_keys"] = _api_keys(keys, env)
     for section in _SECTIONS.values():
-        body = _typed(section, body, "", section.PREFIX)
+        body = _typed(section, body, "", section.PREFIX, problems)
+    _data_dir(body, env)
     settings = Settings.from_keys(engines, **body)
-    _check_serving(settings.serving)
-    _check_upstream(settings.upstream)
-    _check_edge(settings.edge)
-    _check_sharing(settings.sharing)
-    _check_replicas(settings)
-    _check_batch(settings.batch)
+    for check in (_check_serving, _check_upstream, _check_edge, _check_sharing, _check_batch):
+        with problems.gather():
+            check(settings)
+    with problems.gather():
+        _check_replicas(settings)
+    problems.raise_any()
     return settings
 
 
-def _positive(s: Any, *names: str) -> None:
+def _positive(s: Any, *names: str) -> list[Rule]:
     """Each of ``names`` of section ``s`` above zero; an error names the file's key."""
-    for name in names:
-        _check(getattr(s, name) > 0, s.PREFIX + name, "must be positive")
+    return [(getattr(s, name) > 0, s.PREFIX + name, "must be positive") for name in names]
 
 
-def _at_least_one(s: Any, *names: str) -> None:
-    for name in names:
-        _check(getattr(s, name) >= 1, s.PREFIX + name, "must be at least 1")
+def _at_least_one(s: Any, *names: str) -> list[Rule]:
+    return [(getattr(s, name) >= 1, s.PREFIX + name, "must be at least 1") for name in names]
 
 
-def _check_serving(s: ServingSettings) -> None:
+def _check_serving(settings: Settings) -> None:
     """The port, the decision log, the drain."""
-    _check(1 <= s.port <= 65535, "port", "expected 1..65535")
-    _at_least_one(s, "decision_log_size")
-    _check(s.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative")
-    _check(s.route_by in ROUTE_BY, "route_by", "expected " + ", ".join(ROUTE_BY))
+    s = settings.serving
+    _checks(
+        (1 <= s.port <= 65535, "port", "expected 1..65535"),
+        *_at_least_one(s, "decision_log_size"),
+        (s.drain_timeout_s >= 0, "drain_timeout_s", "must not be negative"),
+        (s.route_by in ROUTE_BY, "route_by", "expected " + ", ".join(ROUTE_BY)),
+    )
 
 
-def _check_upstream(s: UpstreamSettings) -> None:
+def _check_upstream(settings: Settings) -> None:
     """The engine timeouts, outlier ejection, the health checks, discovery."""
-    _positive(s, "first_byte_timeout_s", "idle_timeout_s", "connect_timeout_s")
-    _positive(s, "health_interval_s", "scrape_interval_s", "health_timeout_s", "dns_interval_s")
-    _at_least_one(s, "outlier_consecutive_errors", "unhealthy_after")
+    s = settings.upstream
+    _checks(
+        *_positive(s, "first_byte_timeout_s", "idle_timeout_s", "connect_timeout_s"),
+        *_positive(s, "health_interval_s", "scrape_interval_s", "health_timeout_s"),
+        *_positive(s, "dns_interval_s"),
+        *_at_least_one(s, "outlier_consecutive_errors", "unhealthy_after"),
+    )
 
 
-def _check_sharing(s: SharingSettings) -> None:
+def _check_sharing(settings: Settings) -> None:
     """How chat and batch share an engine."""
-    _check(0 <= s.batch_min_share < 1, "batch_min_share", "must be in [0, 1)")
-    _positive(s, "hold_timeout_s")
-    _check(s.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto")
-    _at_least_one(s, "batch_abort_max")
+    s = settings.sharing
+    _checks(
+        (0 <= s.batch_min_share < 1, "batch_min_share", "must be in [0, 1)"),
+        *_positive(s, "hold_timeout_s"),
+        (s.batch_abort in BATCH_ABORTS, "batch_abort", "expected off, on or auto"),
+        *_at_least_one(s, "batch_abort_max"),
+    )
 
 
-def _check_edge(s: EdgeSettings) -> None:
+def _check_edge(settings: Settings) -> None:
     """The largest body, the slow-client timeouts, the cap and the budget of bodies in
     flight."""
-    _check(s.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024")
-    _positive(s, "header_timeout_s", "body_timeout_s")
-    _at_least_one(s, "max_incomplete_connections")
-    _check(
-        s.max_body_bytes_in_flight >= s.max_body_bytes,
-        "max_body_bytes_in_flight",
-        f"must be at least max_body_bytes ({s.max_body_bytes}), or no body that large "
-        f"could ever be served",
+    s = settings.edge
+    _checks(
+        (s.max_body_bytes >= 1024, "max_body_bytes", "must be at least 1024"),
+        *_positive(s, "header_timeout_s", "body_timeout_s"),
+        *_at_least_one(s, "max_incomplete_connections"),
+        (
+            s.max_body_bytes_in_flight >= s.max_body_bytes,
+            "max_body_bytes_in_flight",
+            f"must be at least max_body_bytes ({s.max_body_bytes}), or no body that large "
+            f"could ever be served",
+        ),
     )
 
 
@@ -801,40 +1016,51 @@ def _check_replicas(settings: Settings) -> None:
     shared ledger (each process has its own scheduler) and, with the Batch API, its
     shared store."""
     s = settings.replicas
-    _check(
-        0 < s.ledger_interval_s < s.ledger_lease_s,
-        "ledger_interval_s",
-        "must be positive and below ledger_lease_s",
+    _checks(
+        (
+            0 < s.ledger_interval_s < s.ledger_lease_s,
+            "ledger_interval_s",
+            "must be positive and below ledger_lease_s",
+        ),
+        *_positive(s, "ledger_timeout_s"),
+        *_at_least_one(s, "workers"),
     )
-    _positive(s, "ledger_timeout_s")
-    _at_least_one(s, "workers")
     n = s.workers
-    _check(
-        n == 1 or bool(s.ledger_dsn),
-        "workers",
-        f"{n} worker processes need ledger_dsn (WHOSETURN_LEDGER_DSN, docs/replicas.md): "
-        f"each process has its own scheduler and its own batch prefill budget per engine, "
-        f"so without a shared ledger {n} workers could put {n} x B batch tokens in prefill "
-        f"on one engine",
-    )
-    _check(
-        n == 1 or settings.batch.store != "sqlite" or not settings.batch.store_path,
-        "workers",
-        f"{n} worker processes cannot share the SQLite batch store (it is for one proxy "
-        f"process): use batch_store: postgres, or leave batch_store_path unset",
+    _checks(
+        (
+            n == 1 or bool(s.ledger_dsn),
+            "workers",
+            f"{n} worker processes need ledger_dsn (WHOSETURN_LEDGER_DSN, docs/replicas.md): "
+            f"each process has its own scheduler and its own batch prefill budget per "
+            f"engine, so without a shared ledger {n} workers could put {n} x B batch tokens "
+            f"in prefill on one engine",
+        ),
+        (
+            n == 1 or settings.batch.store != "sqlite" or not settings.batch.store_path,
+            "workers",
+            f"{n} worker processes cannot share the SQLite batch store (it is for one proxy "
+            f"process): use batch_store: postgres, or batch_store: off",
+        ),
     )
 
 
-def _check_batch(s: BatchSettings) -> None:
-    _check(s.store in BATCH_STORES, "batch_store", f"must be one of {BATCH_STORES}")
-    _at_least_one(s, "max_file_bytes", "max_lines", "window", "max_attempts", "pool_size")
-    _positive(s, "lease_s", "store_timeout_s")
-    _check(
-        s.store != "postgres" or bool(s.dsn),
-        "batch_dsn",
-        "is required when batch_store is postgres (or set WHOSETURN_BATCH_DSN)",
+def _check_batch(settings: Settings) -> None:
+    s = settings.batch
+    _checks(
+        (
+            s.store in BATCH_STORES,
+            "batch_store",
+            f"must be one of {', '.join(BATCH_STORES)}, got {s.store!r}",
+        ),
+        *_at_least_one(s, "max_file_bytes", "max_lines", "window", "max_attempts", "pool_size"),
+        *_positive(s, "lease_s", "store_timeout_s"),
+        (
+            s.store != "postgres" or bool(s.dsn),
+            "batch_dsn",
+            "is required when batch_store is postgres (or set WHOSETURN_BATCH_DSN)",
+        ),
+        (s.retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative"),
     )
-    _check(s.retry_backoff_s >= 0, "batch_retry_backoff_s", "must not be negative")
 
 
 def boolean(text: str) -> bool:
@@ -865,6 +1091,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "WHOSETURN_REPLICA_ID": ("replica_id", str),
     "WHOSETURN_WORKERS": ("workers", int),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),
+    "WHOSETURN_DATA_DIR": ("data_dir", str),
     "WHOSETURN_BATCH_MIN_SHARE": ("batch_min_share", float),
     "WHOSETURN_HOLD_TIMEOUT_S": ("hold_timeout_s", float),
     "WHOSETURN_BATCH_ABORT": ("batch_abort", str),
@@ -875,15 +1102,17 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+def _from_env(env: Mapping[str, str], problems: _Problems) -> dict[str, Any]:
+    """The settings the environment gives; a value that does not read is noted in
+    ``problems`` (naming the variable) and left out."""
     out: dict[str, Any] = {}
     for var, (key, kind) in _ENV.items():
         if var in env:
             try:
                 out[key] = kind(env[var])
-            except ValueError as exc:
+            except ValueError:
                 what = getattr(kind, "__name__", "a value")
-                raise ConfigError(var, f"cannot read {env[var]!r} as {what}") from exc
+                problems.add(var, f"cannot read {env[var]!r} as {what}")
     if env.get("WHOSETURN_ENGINES"):
         out["engines"] = [u.strip() for u in env["WHOSETURN_ENGINES"].split(",") if u.strip()]
     return out
@@ -909,7 +1138,8 @@ def load_settings(
     """Merge defaults < YAML file < environment < ``overrides`` (the flags) and validate.
 
     The file is ``config_file``, else ``$WHOSETURN_CONFIG``, else ``whoseturn.yaml``
-    in ``cwd`` if it exists.
+    in ``cwd`` if it exists. A file that cannot be read stops at once; otherwise the
+    environment's errors and the settings' are raised together.
     """
     env = os.environ if env is None else env
     merged: dict[str, Any] = {}
@@ -919,6 +1149,12 @@ def load_settings(
         merged.update(_from_file(Path(name)))
     elif default.exists():
         merged.update(_from_file(default))
-    merged.update(_from_env(env))
+    problems = _Problems()
+    merged.update(_from_env(env, problems))
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return settings_from_dict(merged, env)
+    settings = None
+    with problems.gather():
+        settings = settings_from_dict(merged, env)
+    problems.raise_any()
+    assert settings is not None
+    return settings

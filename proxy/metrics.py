@@ -24,6 +24,7 @@ floors above feed them without declaring any:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
@@ -487,6 +488,27 @@ class TenantMetrics:
         self.refusals.labels(self.label(tenant), limit).inc()
 
 
+class ProxyRegistry(CollectorRegistry):
+    """The app's registry, collected without the ``NAME_created`` series.
+
+    prometheus_client gives every counter, histogram and summary a ``_created``
+    series (when its child was made): docs/metrics.md lists none, and a scrape
+    stores each one as a gauge of its own, one per label set. The library's own
+    switch (``disable_created_metrics()``) is process-wide: it would change every
+    other registry in the process too (an embedding app's, a test's). So they are
+    left out here, for this registry only, as its families are collected.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family of the registry, its ``_created`` samples left out."""
+        for metric in super().collect():
+            created = f"{metric.name}_created"
+            if any(s.name == created for s in metric.samples):
+                metric = copy.copy(metric)  # the collector's own object is left alone
+                metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric
+
+
 class ProxyMetrics:
     """Every family of docs/metrics.md, in its order, on a registry of the app's own."""
 
@@ -500,7 +522,7 @@ class ProxyMetrics:
     ) -> None:
         """``tenant_names``: the tenants the config names (their own label; every
         other tenant is ``other``)."""
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = ProxyRegistry(auto_describe=True)
         urls = engine_urls if engine_urls is not None else {}  # the fleet adds to it
         self.registry.register(SchedulerCollector(scheduler, urls))
         self.ledger = LedgerCollector()

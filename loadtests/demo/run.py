@@ -11,13 +11,18 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from loadtests.demo.setup import ENGINE_FLAGS, PROXY_SETTINGS, servers
+from loadtests.harness.preflight import Unreachable, failure_line
 from loadtests.harness.runs import ArmResult, ArmTarget, finish, run_plan
 from loadtests.harness.traffic import direct_route, proxy_route
 from loadtests.harness.workload_file import Workload, load_workload
+from loadtests.support.processes import NotReady
 
 DEFAULT_OUT = Path("artifacts/demo")
 WORKLOAD = Path(__file__).parent.parent / "workloads" / "demo.yaml"
@@ -61,10 +66,19 @@ def demo_workload(duration_s: float | None, warmup_s: float | None) -> Workload:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run both arms, write the result directory, print the table; exit status 0."""
+    """Run both arms, write the result directory, print the table; exit status 0, or 1
+    with one line (no traceback) for a server that did not start or stopped answering."""
     workload = demo_workload(args.duration, args.warmup)
     out = args.out / dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     out.mkdir(parents=True)
+    try:
+        return _run_arms(args, workload, out)
+    except (Unreachable, NotReady, httpx.TransportError) as exc:
+        print(f"whoseturn: error: {failure_line(exc)} (the run's files: {out})", file=sys.stderr)
+        return 1
+
+
+def _run_arms(args: argparse.Namespace, workload: Workload, out: Path) -> int:
     from rich.console import Console  # the bench's commands parse without rich
 
     console = Console()
@@ -74,10 +88,8 @@ def run_demo(args: argparse.Namespace) -> int:
         via_proxy = arm == "proxy"
         console.print(f"{arm}: two simulated engines" + (" and the proxy" if via_proxy else ""))
         with servers(out, arm, engines=2, time_scale=args.time_scale, via_proxy=via_proxy) as s:
-            route = proxy_route(s.proxy) if s.proxy else direct_route(s.engines)
-            watched = {f"engine-{n}": url for n, url in enumerate(s.engines)}
-            watched.update({"proxy": s.proxy} if s.proxy else {})
-            target = ArmTarget(arm, route, s.proxy, watched)
+            route = proxy_route(s.proxy) if s.proxy else direct_route(list(s.engines.values()))
+            target = ArmTarget(arm, route, s.proxy, s.watched())
             arms[arm] = asyncio.run(run_plan(workload, target, out=out, console=console))
             commands[arm] = s.commands
     finish(

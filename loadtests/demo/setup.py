@@ -23,13 +23,25 @@ READY_S = 90.0
 PROXY_SETTINGS: dict[str, Any] = {"scrape_interval_s": 0.5, "health_interval_s": 1.0}
 
 
+def engine_name(n: int) -> str:
+    """Engine ``n``'s name, the one name it has everywhere: in the proxy's config, so
+    in its ``/turn`` and the timeline plot drawn from it, and in the report's tables
+    of what the servers did (the servers watched, :meth:`Setup.watched`)."""
+    return f"engine-{n}"
+
+
 @dataclass(frozen=True)
 class Setup:
-    """The URLs of one arm's servers and the commands that started them."""
+    """One arm's servers, the engines by name (:func:`engine_name`) and the proxy by
+    URL, and the commands that started them."""
 
-    engines: list[str]
+    engines: dict[str, str]  # name: base URL, in the order started
     proxy: str | None
     commands: list[list[str]]
+
+    def watched(self) -> dict[str, str]:
+        """The servers to watch during the arm (name: base URL), the proxy as ``proxy``."""
+        return {**self.engines, **({"proxy": self.proxy} if self.proxy else {})}
 
 
 def engine_command(time_scale: float, *, port: int) -> list[str]:
@@ -54,16 +66,15 @@ def servers(
         for n, engine in enumerate(started):
             what = f"engine {n} (see {out / f'{arm}-engine-{n}.log'})"
             engine.wait_ready("/health", what=what, timeout_s=READY_S)
-        urls, commands = [e.url for e in started], [e.command for e in started]
+        named = {engine_name(n): e.url for n, e in enumerate(started)}
+        commands = [e.command for e in started]
         proxy = None
         if via_proxy:
             # The proxy on its defaults, as a newcomer runs it: the engines interleave
             # by themselves (ENGINE_FLAGS' threshold), which the proxy sees from its
             # first piece beside a chat stream, and sends batch prompts whole from then
             # on (docs/scheduling.md, piecing).
-            listed = [
-                {"url": url, "name": f"sim-{n}", "models": ["tiny"]} for n, url in enumerate(urls)
-            ]
+            listed = [{"url": url, "name": name, "models": ["tiny"]} for name, url in named.items()]
             command = partial(serve_command, out / "proxy.yaml", engines=listed, **PROXY_SETTINGS)
             log = stack.enter_context((out / f"{arm}-proxy.log").open("ab"))
             server = stack.enter_context(serving(command, output=log, stop_signal=signal.SIGTERM))
@@ -72,4 +83,4 @@ def servers(
             server.wait_ready(
                 "/readyz", what=f"the proxy (see {out / f'{arm}-proxy.log'})", timeout_s=READY_S
             )
-        yield Setup(urls, proxy, commands)
+        yield Setup(named, proxy, commands)

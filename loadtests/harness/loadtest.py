@@ -10,8 +10,11 @@ route to its ``/batch/v1``, and its ``GET /turn`` is sampled for the timeline. D
 URLs are engines (vLLM or ``whoseturn sim``), taken in turn for every class. The
 direct arm runs first. With ``--target``, nothing is started or stopped: the servers
 are the caller's, so the launch commands in ``result.json`` are what the caller says
-with ``--setup-note``. Either way the servers on this machine are watched during the
-run (:mod:`loadtests.harness.watch`).
+with ``--setup-note``, and each is checked first, in about a second
+(:mod:`loadtests.harness.preflight`): one that is not there ends the command at once
+with a line that names it. Either way the servers on this machine are watched during
+the run (:mod:`loadtests.harness.watch`), and a server that stops answering ends it
+with one line too, not a traceback.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
+
 from loadtests.harness.engines import started
+from loadtests.harness.preflight import Server, Unreachable, check, engine_names, failure_line
 from loadtests.harness.runs import ArmResult, ArmTarget, finish, run_plan
 from loadtests.harness.traffic import direct_route, proxy_route
 from loadtests.harness.workload_file import Workload, WorkloadError, load_workload, narrowed
+from loadtests.support.processes import NotReady
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -47,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="an engine's base URL for the direct arm (repeat for several)",
+        help="an engine's base URL for the direct arm (repeat for several); named as the "
+        "proxy names the engine at that URL, else engine-N",
     )
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="results go to OUT/<name>-<date-time>/"
@@ -80,8 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
-    """Run the workload's plan on each arm and write the result; 0, or 2 for a bad
-    workload file (the message names the key)."""
+    """Run the workload's plan on each arm and write the result; 0, 2 for a bad
+    workload file (the message names the key), 1 for a server that is not there
+    (checked first, :mod:`loadtests.harness.preflight`) or that stops answering: one
+    line that names it, no traceback."""
     try:
         workload = load_workload(args.workload)
         only = args.arms.split(",") if args.arms else None
@@ -108,17 +118,41 @@ def run_loadtest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if workload.engines is None:
+        try:
+            check(_given(args), workload.model)
+        except Unreachable as exc:
+            print(f"whoseturn: error: {exc}", file=sys.stderr)
+            return 1
     out = args.out / f"{workload.name}-{dt.datetime.now().strftime('%Y-%m-%d-%H%M%S')}"
     out.mkdir(parents=True)
     from rich.console import Console  # the bench's commands parse without rich
 
     console = Console()
-    if workload.engines is not None:
-        return _run_started(args, workload, out, console)
+    try:
+        if workload.engines is not None:
+            return _run_started(args, workload, out, console)
+        return _run_given(args, workload, out, console)
+    except (Unreachable, NotReady, httpx.TransportError) as exc:
+        print(f"whoseturn: error: {failure_line(exc)} (the run's files: {out})", file=sys.stderr)
+        return 1
+
+
+def _given(args: argparse.Namespace) -> list[Server]:
+    """The servers the caller gave, to check before the run (:mod:`.preflight`)."""
+    return [
+        Server(args.target.rstrip("/"), "--target"),
+        *(Server(url.rstrip("/"), "--direct") for url in args.direct),
+    ]
+
+
+def _run_given(args: argparse.Namespace, workload: Workload, out: Path, console: Console) -> int:
+    """The workload against the caller's proxy and, with ``--direct``, its engines."""
     target = args.target.rstrip("/")
     engines = [url.rstrip("/") for url in args.direct]
-    proxy = ArmTarget("proxy", proxy_route(target), target, {"proxy": target, **_names(engines)})
-    direct = ArmTarget("direct", direct_route(engines), servers=_names(engines))
+    named = direct_names(engines, engine_names(target) if engines else {})
+    proxy = ArmTarget("proxy", proxy_route(target), target, {"proxy": target, **named})
+    direct = ArmTarget("direct", direct_route(engines), servers=named)
     targets = [direct, proxy] if engines else [proxy]  # the direct arm runs first
     arms = {t.name: asyncio.run(run_plan(workload, t, out=out, console=console)) for t in targets}
     setup = {"target": target, "direct": args.direct, "launch": args.setup_note or None}
@@ -130,8 +164,15 @@ def run_loadtest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _names(urls: list[str]) -> dict[str, str]:
-    return {f"engine-{n}": url for n, url in enumerate(urls)}
+def direct_names(urls: list[str], known: dict[str, str]) -> dict[str, str]:
+    """The ``--direct`` engines by name: the proxy's name for an engine it serves at the
+    same URL (``known``: URL to name, :func:`loadtests.harness.preflight.engine_names`),
+    so the report's tables name it as the proxy's timeline plot does; ``engine-N``
+    otherwise, and for all of them if that would give two the same name."""
+    names = [known.get(url, f"engine-{n}") for n, url in enumerate(urls)]
+    if len(set(names)) < len(names):
+        names = [f"engine-{n}" for n in range(len(urls))]
+    return dict(zip(names, urls, strict=True))
 
 
 def _run_started(args: argparse.Namespace, workload: Workload, out: Path, console: Console) -> int:

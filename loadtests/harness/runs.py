@@ -3,7 +3,9 @@
 :func:`run_plan` runs the plan (a cold run if asked, then the warm runs) against one
 arm, sampling the proxy's ``GET /turn`` twice a second for the timeline when the arm
 is a proxy, and keeping its ``GET /turn/log`` at the end. Progress is a live line on a
-terminal (``rich``), nothing otherwise. :func:`finish` summarises the arms, checks
+terminal, plain lines otherwise (:mod:`loadtests.harness.progress`); a run none of whose
+requests got an answer ends the arm (:func:`loadtests.harness.preflight.unanswered`).
+:func:`finish` summarises the arms, checks
 their answers against each other, writes ``records.jsonl``, ``result.json``,
 ``report.md`` and the plots, and prints the table.
 """
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,6 +37,8 @@ from loadtests.harness.measures import (
     summarize_jobs,
     summarize_runs,
 )
+from loadtests.harness.preflight import unanswered
+from loadtests.harness.progress import progress
 from loadtests.harness.report import (
     Findings,
     side_by_side,
@@ -41,7 +46,7 @@ from loadtests.harness.report import (
     write_report,
     write_result,
 )
-from loadtests.harness.report_sections import ms, tenant_table
+from loadtests.harness.report_sections import tenant_table
 from loadtests.harness.stalls import Phase, StallWatch, attribute
 from loadtests.harness.tenants import summarize_tenants
 from loadtests.harness.traffic import ArmRun, Route, new_run, run_arm
@@ -154,22 +159,40 @@ async def run_plan(
                 ) as watch_start,
             ):
                 result.servers, result.watch_started_at = list(target.servers), watch_start
-                labels = ["cold"] * workload.plan.cold + ["warm"] * workload.plan.warm_runs
-                for number, label in enumerate(labels):
+                for number, label in enumerate(run_labels(workload)):
                     run = new_run(workload, target.priority, number)
-                    async with _progress(console, f"{target.name} ({label})", run, result.turns):
+                    shown = f"{target.name} ({label})"
+                    async with progress(console, shown, run, result.turns, workload.plan):
                         await run_arm(workload, target.route, http, run, batch_api=target.proxy)
+                    unanswered(_all_records(run), shown)
                     if label == "cold":
                         result.cold = run
                     else:
                         result.warm.append(run)
-            if target.proxy is not None:
-                log = await http.get(f"{target.proxy}/turn/log", params={"limit": 1000})
-                (out / f"{target.name}-turn-log.json").write_text(json.dumps(log.json(), indent=1))
+            log = await _turn_log(http, target.proxy) if target.proxy is not None else None
+            if log is not None:
+                (out / f"{target.name}-turn-log.json").write_text(json.dumps(log, indent=1))
     finally:
         stalls.stop()
         result.stalls = list(stalls.stalls)
     return result
+
+
+def run_labels(workload: Workload) -> list[str]:
+    """The names of an arm's runs, in order: ``cold``, then ``warm 1/N`` ..."""
+    warm = workload.plan.warm_runs
+    return ["cold"] * workload.plan.cold + [f"warm {n}/{warm}" for n in range(1, warm + 1)]
+
+
+async def _turn_log(http: httpx.AsyncClient, proxy: str) -> Any:
+    """The proxy's ``GET /turn/log``; None, said in a line, from a proxy gone by now:
+    the run's figures are kept without its decisions."""
+    try:
+        return (await http.get(f"{proxy}/turn/log", params={"limit": 1000})).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        line = f"whoseturn: warning: {proxy}/turn/log not kept ({type(exc).__name__}: {exc})"
+        print(line, file=sys.stderr)
+        return None
 
 
 def summaries(workload: Workload, runs: list[ArmRun]) -> dict[str, ClassSummary]:
@@ -400,43 +423,6 @@ async def _watch(
         return
     async with in_background(sample()):
         yield
-
-
-@contextlib.asynccontextmanager
-async def _progress(
-    console: Console, label: str, run: ArmRun, turns: list[dict[str, Any]]
-) -> AsyncIterator[None]:
-    """A live line per class, and whose turn it is now through a proxy, on a terminal;
-    nothing when not a terminal."""
-    if not console.is_terminal:
-        yield
-        return
-    from rich.live import Live  # the bench's commands parse without rich
-
-    with Live(console=console, refresh_per_second=4, transient=True) as live:
-
-        async def refresh() -> None:
-            while True:
-                lines = _lines(label, time.monotonic() - run.started_at, run)
-                if turns:
-                    now = ", ".join(f"{e['engine']} {e['turn']}" for e in turns[-1]["engines"])
-                    lines += f"\n  whose turn: {now}"
-                live.update(lines)
-                await asyncio.sleep(0.25)
-
-        async with in_background(refresh()):
-            yield
-
-
-def _lines(label: str, elapsed: float, run: ArmRun) -> str:
-    lines = [f"{label}: {elapsed:4.0f} s"]
-    for cls, records in run.records.items():
-        ttft = [t for r in records if (t := r.ttft) is not None]
-        valid = sum(1 for r in records if r.valid and r.closed_at is None)
-        lines.append(
-            f"  {cls}: {len(records)} sent, {valid} valid, TTFT p95 so far {ms(pct(ttft, 0.95))}"
-        )
-    return "\n".join(lines)
 
 
 def _all_records(run: ArmRun) -> list[Record]:

@@ -6,8 +6,8 @@
   configuration file and gives the command that serves it;
 - :func:`running`: a child process for the length of a ``with`` body, stopped on exit
   (a signal, then ``SIGKILL`` after a grace period);
-- :func:`wait_until_ok`: poll a URL until it answers 200, failing early if the child
-  that should serve it has exited;
+- :func:`wait_until_ok`: poll a URL until it answers 200, failing early
+  (:class:`NotReady`) if the child that should serve it has exited;
 - :func:`serving`: a server's command on a free port, run as a :class:`Server` that
   can be waited for (:meth:`Server.wait_ready`).
 
@@ -94,6 +94,11 @@ def stop(
         process.wait(5)
 
 
+class NotReady(RuntimeError):
+    """A server did not answer 200 in time, or its process exited first; the message
+    names it (and its log, when the caller gave one in ``what``)."""
+
+
 def wait_until_ok(
     url: str,
     *,
@@ -102,20 +107,20 @@ def wait_until_ok(
     timeout_s: float = 30.0,
     interval_s: float = 0.05,
 ) -> None:
-    """Poll ``GET url`` until it answers 200. Raises :class:`RuntimeError` once
+    """Poll ``GET url`` until it answers 200. Raises :class:`NotReady` once
     ``process`` (the server's, if given) has exited or after ``timeout_s``; ``what``
     names the server in the message."""
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited early ({process.returncode})")
+            raise NotReady(f"{what} exited early ({process.returncode})")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready at {url} within {timeout_s:.0f} s")
+            raise NotReady(f"{what} not ready at {url} within {timeout_s:.0f} s")
         time.sleep(interval_s)
 
 

@@ -44,7 +44,9 @@ def bodies_busy(limit: int) -> APIError:
         "max_body_bytes_in_flight); retry shortly."
     )
     headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
-    return APIError(503, message, err_type="service_unavailable", code=503, headers=headers)
+    return APIError(
+        503, message, err_type="service_unavailable", code="server_busy", headers=headers
+    )
 
 
 def declared_length(scope: Scope) -> int | None:

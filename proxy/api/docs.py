@@ -22,6 +22,9 @@ class ErrorDetail(BaseModel):
     message: str
     type: str
     param: str | None
+    # A string naming the condition, or null, in every error the proxy answers
+    # itself; an engine's own error answer is relayed as the engine wrote it (vLLM's
+    # `code` is its HTTP status), hence the integer.
     code: str | int | None
 
 

@@ -13,10 +13,12 @@ from proxy.api.methods import allowed_methods
 from proxy.openai.errors import APIError
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+_HTTP_CODES = {404: "route_not_found", 405: "method_not_allowed"}
 
 
 def from_http_exception(request: Request, exc: HTTPException) -> APIError:
-    """Starlette's own errors (no route, wrong method, ...) in OpenAI's shape."""
+    """Starlette's own errors (no route, wrong method, ...) in OpenAI's shape, with a
+    ``code`` that names the condition (a string, never the status)."""
     path = request.url.path.encode("ascii", "backslashreplace").decode()
     if exc.status_code == 404:
         message = f"No route {request.method} {path}."
@@ -25,7 +27,8 @@ def from_http_exception(request: Request, exc: HTTPException) -> APIError:
     else:
         message = str(exc.detail)
     err_type = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
-    return APIError(exc.status_code, message, err_type=err_type, code=exc.status_code)
+    code = _HTTP_CODES.get(exc.status_code)
+    return APIError(exc.status_code, message, err_type=err_type, code=code)
 
 
 def validation_error(exc: RequestValidationError) -> APIError:

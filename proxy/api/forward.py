@@ -523,13 +523,16 @@ class _Assembled(JSONResponse):
 
 
 def _json_or_error(raw: bytes) -> dict[str, Any]:
+    """An engine's error answer as an object for a batch line: its JSON, or an
+    OpenAI-shaped error carrying its text when it is not a JSON object."""
     try:
         body = json.loads(raw)
     except ValueError:
         body = None
     if isinstance(body, dict):
         return body
-    return {"error": {"message": raw.decode(errors="replace")[:500], "type": "engine_error"}}
+    message = raw.decode(errors="replace")[:500]
+    return {"error": {"message": message, "type": "engine_error", "param": None, "code": None}}
 
 
 class PassThrough(Exception):

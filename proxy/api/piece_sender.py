@@ -61,7 +61,6 @@ from proxy.metrics import PieceMetrics
 from proxy.openai.answers import cached_tokens
 from proxy.scheduler import Job, TrafficClass
 from proxy.scheduler.pieces import (
-    ADVICE,
     PIECE_DEPTH,
     Choice,
     EnginePieces,
@@ -424,7 +423,7 @@ class PieceSender:
             ids = run.pieced.ids[: piece.end]
             cached, sent = await self._send(run.ticket, admitted, ids, started)
             if probe is not None:
-                await self._probe_end(probe, engine, facts)
+                await self._probe_end(probe, engine, facts, reports_cached=cached is not None)
         except (UpstreamError, httpx.HTTPError, TimeoutError) as exc:
             logger.warning("%s: piece %d failed on %s: %s", run.ticket.id, piece.index, engine, exc)
             run.failed = run.failed or "piece_failed"
@@ -451,9 +450,17 @@ class PieceSender:
         probe.alone = self.admission.prefill_tokens(engine) == probe.tokens
         probe.sent = self.clock.now()
 
-    async def _probe_end(self, probe: _Probe, engine: str, facts: EnginePieces) -> None:
+    async def _probe_end(
+        self, probe: _Probe, engine: str, facts: EnginePieces, *, reports_cached: bool
+    ) -> None:
         """After it: judge by the widest gap of a chat stream there meanwhile, if the
-        piece stayed alone (else it tells nothing)."""
+        piece stayed alone (else it tells nothing). The line that says the verdict
+        advises an engine flag only where the engine does not show it:
+        ``--long-prefill-token-threshold`` where the piece ran in one step, with the
+        piece's size, since a threshold at or above it runs it in one step too (the
+        engine's flags are not visible from outside: its ``/metrics`` says its cache
+        config, not its scheduler's); ``--enable-prompt-tokens-details`` only where
+        the piece's answer (``reports_cached``: it had ``cached_tokens``) lacks it."""
         answered = self.clock.now()
         alone = probe.alone and self.admission.prefill_tokens(engine) == probe.tokens
         if alone and self.admission.interactive_streams(engine) == 0:
@@ -468,7 +475,20 @@ class PieceSender:
         if facts.chunks_itself is None or known:
             return
         self.admission.set_piece_depth(engine, facts.depth)
-        advice = "" if facts.chunks_itself else f" {ADVICE}"
+        advice = ""
+        if not facts.chunks_itself:
+            n = probe.tokens
+            advice = (
+                f" So vLLM runs without --long-prefill-token-threshold, or with one of {n} "
+                f"or more; one below {n} (say {max(n // 2, 1)}) would let it interleave long "
+                f"prefills with decode by itself, and the proxy would send prompts whole "
+                f"(no extra requests)."
+            )
+            if not reports_cached:
+                advice += (
+                    " --enable-prompt-tokens-details would let the proxy check each piece's "
+                    "cached tokens in its answer rather than by the prefix-cache hit counter."
+                )
         logger.info(
             "engine %s: %s: %s%s", engine,
             "chunks long prefills itself, so prompts go whole unless chat misses its aim"

@@ -70,6 +70,7 @@ def _turn_routes(app: FastAPI, state_of: StateOf) -> None:
         lambda request: state_of(request).replica,
         piece_choices,
         ledger_state,
+        lambda request: state_of(request).monitor,
     )
 
 

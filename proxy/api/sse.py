@@ -125,7 +125,9 @@ class SSEReader:
         return self._buffer
 
 
-def sse_error(message: str, err_type: str = "engine_error", code: int = 502) -> bytes:
-    """An SSE event carrying an OpenAI-style error object."""
+def sse_error(message: str, err_type: str = "engine_error", code: str = "engine_failed") -> bytes:
+    """An SSE event carrying an OpenAI-style error object: the end of a stream whose
+    status (200) went out already, so only ``type`` and ``code`` can say what failed
+    (``code`` a string, as in every error the proxy answers: :mod:`proxy.openai.errors`)."""
     body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"

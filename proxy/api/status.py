@@ -1,4 +1,12 @@
-"""``GET /status``: the live status page.
+"""``GET /status``: the live status page, read from the top in five seconds: one
+verdict (``Chat on target; batch running within budget``), a row per engine with the
+numbers behind it, then each engine's card and the decisions grouped by story.
+
+Every figure has one source, its window said beside it: TTFT and token gap are the
+budget loop's own (``/turn``'s ``judged_s``, or the figure that cut), coloured by the
+loop's aim and target from ``/turn``; an engine's state (down, ejected, draining,
+saturated, idle, or whose turn) is derived from ``/turn``'s ``up``, ``health`` and
+``turn``. docs/scheduling.md says what the page used to contradict itself with.
 
 The page is one self-contained HTML file shipped as package data
 (``proxy/api/static/status.html``: plain HTML, CSS and JavaScript, nothing fetched

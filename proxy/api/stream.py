@@ -33,7 +33,8 @@ from proxy.engines import EngineMonitor, UpstreamError, map_stream_error
 
 logger = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
-CUT_OFF = sse_error("The proxy is shutting down; the stream was cut off.") + DONE
+CUT_OFF_MESSAGE = "The proxy is shutting down; the stream was cut off."
+CUT_OFF = sse_error(CUT_OFF_MESSAGE, "service_unavailable", "shutting_down") + DONE
 
 
 class RelayResponse(Response):

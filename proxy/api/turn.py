@@ -10,9 +10,9 @@ this edge. All three are reads: they never run the scheduler or change its state
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -50,14 +50,53 @@ def _with_times(engine: dict[str, Any], wall: float) -> dict[str, Any]:
     return {**engine, "turn_since": since, "budget": budget}
 
 
+class EngineWatch(Protocol):
+    """What ``/turn`` reads of the engines' health checks and outlier ejection
+    (:class:`proxy.engines.EngineMonitor` meets it)."""
+
+    @property
+    def failures(self) -> Mapping[str, int]: ...
+
+    @property
+    def ejected_because(self) -> Mapping[str, str]: ...
+
+
+HEALTH_CHECK_EJECTION = "health checks failed in a row"
+"""How the monitor words an ejection by its health checks; any other reason is the
+request path's outlier detection (:mod:`proxy.engines._monitor`)."""
+
+
+def engine_health(
+    admission: Admission, entry: dict[str, Any], watch: EngineWatch | None
+) -> dict[str, Any]:
+    """An engine's health facts, for the status page to name its state by: whether it
+    is ``up``; ``draining`` (it left discovery: no new work; an engine whose models
+    are not known yet never reads draining); the health checks failed in a row now;
+    and, while it is out, ``ejected_by`` (``health_checks``, or ``requests``: outlier
+    detection on the request path) with the monitor's ``why``. Without ``watch``
+    the last three are unknown (0 and None)."""
+    name, up, models = entry["engine"], entry["up"], entry["models"]
+    draining = bool(up and models and name not in admission.engines_up_for(models[0]))
+    why = None if up or watch is None else watch.ejected_because.get(name)
+    by = (
+        None
+        if why is None
+        else ("health_checks" if why.endswith(HEALTH_CHECK_EJECTION) else "requests")
+    )
+    failed = 0 if watch is None else watch.failures.get(name, 0)
+    return {"up": up, "draining": draining, "failed_checks": failed, "ejected_by": by, "why": why}
+
+
 def turn_body(
     admission: Admission,
     pieces: dict[str, dict[str, object]] | None = None,
     replica: str | None = None,
     ledger: dict[str, Any] | None = None,
+    watch: EngineWatch | None = None,
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
-    with ``pieces``, each engine's piecing facts (:mod:`proxy.api.piece_sender`); with
+    each engine's ``health`` (:func:`engine_health`, from ``watch`` where given); with
+    ``pieces``, each engine's piecing facts (:mod:`proxy.api.piece_sender`); with
     ``replica``, the name of the proxy process that answers (with several workers or
     replicas, each answers with its own view); with ``ledger``, the shared ledger's
     state (:meth:`proxy.replicas.SharedBudget.report`; ``down_since`` added while it
@@ -65,6 +104,7 @@ def turn_body(
     wall = time.time()
     engines = [_with_times(e, wall) for e in admission.report()]
     for entry in engines:
+        entry["health"] = engine_health(admission, entry, watch)
         if pieces is not None and entry.get("engine") in pieces:
             entry["piecing"] = pieces[entry["engine"]]
     body: dict[str, Any] = {"time": _iso(wall), "replica": replica, "engines": engines}
@@ -277,17 +317,22 @@ def install_turn_routes(
     replica_of: Callable[[Request], str | None] = lambda _: None,
     choices_of: Callable[[Request, int], Sequence[PieceChoice]] = lambda _, __: (),
     ledger_of: Callable[[Request], dict[str, Any] | None] = lambda _: None,
+    watch_of: Callable[[Request], EngineWatch | None] = lambda _: None,
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
     ``pieces_of(request)`` its engines' piecing facts, if it has any;
     ``replica_of(request)`` its replica name; ``choices_of(request, limit)`` its most
     recent piecing choices; ``ledger_of(request)`` its shared ledger's state, if it
-    has one."""
+    has one; ``watch_of(request)`` its engine monitor (why an engine is out)."""
 
     @app.get("/turn", response_model=None, responses=TURN, openapi_extra=TURN_QUERY)
     async def turn(request: Request) -> Response:
         body = turn_body(
-            admission_of(request), pieces_of(request), replica_of(request), ledger_of(request)
+            admission_of(request),
+            pieces_of(request),
+            replica_of(request),
+            ledger_of(request),
+            watch_of(request),
         )
         if wants_text(request):
             lines = [sentence(e) for e in body["engines"]]

@@ -7,7 +7,8 @@ line through the scheduler as batch-class work.
 - :mod:`proxy.batch.lines`: input lines checked, requests built, result lines.
 - :mod:`proxy.batch.health`: the store's outages noticed, answered fast, waited out.
 - :mod:`proxy.batch.runner`: drives every active job, and counts it in the metrics.
-- :mod:`proxy.batch.estimate`: when a job will be done, from recent throughput.
+- :mod:`proxy.batch.estimate`: when a job will be done, from its lines per busy second.
+- :mod:`proxy.batch.quality`: an answered line judged ``valid`` or ``invalid``.
 - :mod:`proxy.batch.view`: the active jobs as ``/metrics`` and ``/status`` show them.
 - :mod:`proxy.batch.routes`: the HTTP routes.
 """

@@ -46,6 +46,7 @@ from proxy.batch.store import (
     LineSpec,
     NewBatch,
     PendingLine,
+    Progress,
 )
 
 logger = logging.getLogger(__name__)
@@ -293,6 +294,9 @@ class GuardedStore:
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool:
         return await self._quick(lambda: self.inner.record(batch_id, idx, result))
+
+    async def add_progress(self, batch_id: str, progress: Progress) -> None:
+        await self._quick(lambda: self.inner.add_progress(batch_id, progress))
 
     async def finalize(self, batch_id: str, status: str) -> BatchRecord:
         return await self._long(lambda: self.inner.finalize(batch_id, status))

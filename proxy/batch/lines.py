@@ -14,10 +14,9 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-import jsonschema
-
+from proxy.batch.quality import quality
 from proxy.batch.store import Json, LineError, LineResult, LineSpec
 from proxy.config import ANONYMOUS, Tenant
 from proxy.openai.answers import Answer
@@ -113,8 +112,9 @@ def _request_id() -> str:
 
 def answered(custom_id: str, answer: Answer, asked: Json) -> LineResult:
     """The line for an answer the engine (or the proxy) gave: OpenAI's shape, written
-    around the answer's bytes (:func:`_ascii`); the usage and the quality are read
-    from its object, which is never parsed again."""
+    around the answer's bytes (:func:`_ascii`); the usage and the quality
+    (:func:`proxy.batch.quality.quality`: every answered line is ``valid`` or
+    ``invalid``) are read from its object, which is never parsed again."""
     status, body = answer.status, answer.body
     ok = 200 <= status < 300
     head = json.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id})
@@ -146,43 +146,3 @@ def failed(custom_id: str, code: str, message: str) -> LineResult:
         "error": {"code": code, "message": message},
     }
     return LineResult(False, json.dumps(line))
-
-
-def quality(asked: Json, answer: Json) -> str:
-    """``valid``/``invalid`` for a line that asked for JSON output, else ``""``."""
-    wanted = asked.get("response_format")
-    kind = wanted.get("type") if isinstance(wanted, dict) else None
-    if kind not in ("json_object", "json_schema"):
-        return ""
-    try:
-        parsed = json.loads(_answer_text(answer))
-    except ValueError:
-        return "invalid"
-    if kind == "json_object":
-        return "valid" if isinstance(parsed, dict) else "invalid"
-    assert isinstance(wanted, dict)
-    return "valid" if _fits(parsed, wanted.get("json_schema")) else "invalid"
-
-
-def _fits(value: Any, spec: Any) -> bool:
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        return True
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError:
-        return False
-    except jsonschema.SchemaError:
-        return False
-    return True
-
-
-def _answer_text(answer: Json) -> str:
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return ""
-    first = choices[0]
-    message = first.get("message")
-    if isinstance(message, dict):
-        return str(message.get("content") or "")
-    return str(first.get("text") or "")

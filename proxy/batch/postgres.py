@@ -88,6 +88,13 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE batches ADD COLUMN errors jsonb;",
     # 3: the tenant of the key that created the job (the jobs before: anonymous).
     "ALTER TABLE batches ADD COLUMN tenant text NOT NULL DEFAULT '';",
+    # 4: a job's measured pace, so that its estimate survives a restart (the jobs
+    # before: nothing measured yet).
+    """
+    ALTER TABLE batches ADD COLUMN busy_s double precision NOT NULL DEFAULT 0,
+        ADD COLUMN busy_records integer NOT NULL DEFAULT 0,
+        ADD COLUMN busy_usable integer NOT NULL DEFAULT 0;
+    """,
 )
 BATCH_COLUMNS = store.columns(store.BatchRecord)
 FILE_COLUMNS = store.columns(store.FileRecord)
@@ -424,6 +431,14 @@ class PostgresStore:
                     self._queued[batch_id][:0] = [r for r in group if r is not mine]
                     raise
         return mine.stored
+
+    async def add_progress(self, batch_id: str, progress: store.Progress) -> None:
+        """Increments: the replicas running a job at once each add their own."""
+        await self._count(
+            "UPDATE batches SET busy_s = busy_s + %s, busy_records = busy_records + %s, "
+            "busy_usable = busy_usable + %s WHERE id = %s",
+            (progress.busy_s, progress.records, progress.usable, batch_id),
+        )
 
     async def _record_group(self, batch_id: str, group: list[_Record]) -> None:
         first: dict[int, _Record] = {}

@@ -82,8 +82,9 @@ def batch_api_off() -> APIError:
     what the caller cannot use (the SDKs retry a 503, which no retry would fix)."""
     return APIError(
         404,
-        "The Batch API is off on this proxy: set `batch_store_path` (SQLite) or "
-        "`batch_store: postgres` and `batch_dsn` to turn it on.",
+        "The Batch API is off on this proxy (`batch_store: off`): set `batch_store: "
+        "sqlite` (the default: a store under the data directory, or `batch_store_path`) "
+        "or `batch_store: postgres` and `batch_dsn` to turn it on.",
         code="batch_api_off",
     )
 

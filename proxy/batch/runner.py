@@ -27,6 +27,11 @@ out while it ran (its runner stalled past ``lease_s``): another runner claims it
 Cancel and expiry stop the feeding, cancel the lines in flight (the scheduler forgets them, upstream
 streams are closed) and finalize with what was recorded.
 
+The job's pace (:class:`~proxy.batch.estimate.Throughput`: its lines recorded per
+second of busy time, while some are in flight here) is added to the store every
+``progress_s`` and when its run here ends, so that its estimate after a restart
+starts from the stored rate rather than from nothing.
+
 A job is its tenant's (the key's that created it, kept in the store): each line goes
 as that tenant's, in the job's flow (its id), so that the scheduler shares the batch
 class between tenants by weight and a tenant's part between its jobs. The tenant's
@@ -85,6 +90,7 @@ class RunnerLimits:
     max_lines: int = 50_000
     lease_s: float = 30.0
     max_line_bytes: int = MAX_LINE_BYTES  # a line's limit: ``max_body_bytes``
+    progress_s: float = 5.0  # how often a running job's measured pace is saved
 
 
 EXPIRED = "This request could not be executed before the completion window expired."
@@ -138,11 +144,29 @@ class BatchRunner:
         self._trouble: str | None = None  # the store error being retried, if any
 
     def estimate(self, batch: BatchRecord) -> Estimate | None:
-        """The estimate for an active job (None for a job that has ended)."""
+        """The estimate for an active job (None for a job that has ended): from what
+        this runner measured, else from the pace stored with the job (after a
+        restart), else from its model's."""
         if batch.status not in ("validating", "in_progress"):
             return None
         remaining = batch.total - batch.completed - batch.failed
-        return self.throughput.estimate(batch.id, remaining, batch.expires_at, self._now())
+        return self.throughput.estimate(
+            batch.id, remaining, batch.expires_at, self._now(), batch.progress
+        )
+
+    async def _save_progress(self, batch_id: str) -> None:
+        """Add the job's pace measured here since the last save to the store's, so
+        that the estimate survives a restart. Shielded: a cancel does not lose a
+        save under way; a save that fails is tried again with the next."""
+        progress = self.throughput.unsaved(batch_id, self._now())
+        if progress is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.add_progress(batch_id, progress)
+            except Exception as exc:
+                self.throughput.keep(batch_id, progress)
+                logger.info("batch %s: progress not saved (%s); saved with the next", batch_id, exc)
 
     async def run(self) -> None:
         """Forever: start every active job not yet driven; keep the jobs gauge. A
@@ -210,7 +234,7 @@ class BatchRunner:
             await anyio.sleep(1.0)
         finally:
             self._runs.pop(batch_id, None)
-            self.throughput.end(batch_id)
+            self.throughput.end(batch_id, self._now())
 
     async def _validate(self, batch: BatchRecord) -> bool:
         """The job's input file read into the store; False if it failed the job."""
@@ -256,6 +280,7 @@ class BatchRunner:
             self._held.pop(batch_id, None)
             with anyio.CancelScope(shield=True):
                 await self._release(batch_id)
+            await self._save_progress(batch_id)
         if run.outcome != "completed":
             return run.outcome
         if await self.store.set_status(batch_id, "finalizing", ("in_progress",)):
@@ -271,12 +296,18 @@ class BatchRunner:
             logger.info("batch %s: leases not handed back (%s); they run out", batch_id, exc)
 
     async def _watch(self, batch: BatchRecord, run: _Run) -> None:
-        """Expiry, and a cancel asked through another door than :meth:`cancel`."""
+        """Expiry, a cancel asked through another door than :meth:`cancel`, and the
+        job's pace saved every ``progress_s``."""
+        saved_at = self._now()
         while True:
             await anyio.sleep(self.limits.poll_s)
-            if self._now() >= batch.expires_at:
+            now = self._now()
+            if now >= batch.expires_at:
                 run.stop("expired")
                 return
+            if now - saved_at >= self.limits.progress_s:
+                saved_at = now
+                await self._save_progress(batch.id)
             current = await self._persist(lambda: self.store.get_batch(batch.id))
             if current is None or current.status == "cancelling":
                 run.stop("cancelled")
@@ -304,10 +335,6 @@ class BatchRunner:
             begun = False
             while True:
                 page = await self._next_page(batch.id)
-                if page and not begun:
-                    model = str(page[0].body.get("model", ""))
-                    self.throughput.begin(batch.id, model, self._now())
-                    begun = True
                 held = self._held.setdefault(batch.id, set())
                 for line in sorted(page, key=prefix_key):
                     if line.idx in held:  # its lease ran out while it ran here
@@ -319,6 +346,11 @@ class BatchRunner:
                         room.release()
                         raise
                     held.add(line.idx)
+                    if not begun:  # busy from its first line in flight
+                        model = str(line.body.get("model", ""))
+                        self.throughput.begin(batch.id, model, self._now())
+                        begun = True
+                    self.throughput.sent(batch.id, self._now())
                     group.start_soon(self._line, batch, line, room, slot)
                 if not page:
                     if await self._all_recorded(batch.id):
@@ -352,6 +384,7 @@ class BatchRunner:
                 model = str(line.body.get("model", ""))
                 self.throughput.add(self._now(), batch.id, model, usable)
         finally:
+            self.throughput.back(batch.id, self._now())
             self.gate.line_done(slot)
             self._held.get(batch.id, set()).discard(line.idx)
             room.release()

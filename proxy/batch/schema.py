@@ -58,7 +58,8 @@ class BatchErrors(BaseModel):
 
 class RequestCounts(BaseModel):
     """OpenAI's ``total``, ``completed`` and ``failed``; ``valid`` and ``invalid``:
-    of the lines that asked for structured output, those whose answer was checked."""
+    the completed lines whose answer holds a completion that follows the structured
+    output the line asked for, if any, and the others (they add up to ``completed``)."""
 
     total: int
     completed: int
@@ -68,12 +69,16 @@ class RequestCounts(BaseModel):
 
 
 class BatchEstimate(BaseModel):
-    """The proxy's estimate of an active job (``None`` fields: not measured yet)."""
+    """The proxy's estimate of an active job (``None`` fields: not measured yet);
+    ``basis``: what its rate was measured over (``measured over 120 lines in 60 s
+    busy``, ``after restart, from the stored rate: ...``, a model's rate, or ``not
+    measured yet``)."""
 
     estimated_completion_at: int | None
     records_per_hour: float | None
     valid_records_per_hour: float | None
     window_reachable: bool | None
+    basis: str
 
 
 class BatchObject(BaseModel):

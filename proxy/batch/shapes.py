@@ -28,8 +28,9 @@ def file_object(record: FileRecord) -> Json:
 
 def batch_object(record: BatchRecord, estimate: Estimate | None = None) -> Json:
     """OpenAI's batch object; ``request_counts`` also carries ``valid`` and
-    ``invalid`` (structured answers checked), beside OpenAI's three counts, and
-    ``whoseturn`` the estimate of an active job (else None)."""
+    ``invalid`` (the completed lines' answers judged, :mod:`proxy.batch.quality`),
+    beside OpenAI's three counts, and ``whoseturn`` the estimate of an active job
+    (else None)."""
     body: Json = {
         "id": record.id,
         "object": "batch",

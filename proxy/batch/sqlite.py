@@ -27,7 +27,7 @@ from proxy.batch import store
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -40,7 +40,8 @@ CREATE TABLE batches (
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
     valid INTEGER NOT NULL DEFAULT 0, invalid INTEGER NOT NULL DEFAULT 0,
     output_file_id TEXT, error_file_id TEXT, times TEXT NOT NULL DEFAULT '{}', errors TEXT,
-    tenant TEXT NOT NULL DEFAULT ''
+    tenant TEXT NOT NULL DEFAULT '', busy_s REAL NOT NULL DEFAULT 0,
+    busy_records INTEGER NOT NULL DEFAULT 0, busy_usable INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE lines (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
@@ -53,6 +54,11 @@ CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
 MIGRATIONS = {
     2: "ALTER TABLE batches ADD COLUMN errors TEXT;",
     3: "ALTER TABLE batches ADD COLUMN tenant TEXT NOT NULL DEFAULT '';",  # jobs before: anonymous
+    4: (  # a job's measured pace (jobs before: nothing measured yet)
+        "ALTER TABLE batches ADD COLUMN busy_s REAL NOT NULL DEFAULT 0; "
+        "ALTER TABLE batches ADD COLUMN busy_records INTEGER NOT NULL DEFAULT 0; "
+        "ALTER TABLE batches ADD COLUMN busy_usable INTEGER NOT NULL DEFAULT 0;"
+    ),
 }
 BATCH_COLUMNS = store.columns(store.BatchRecord)
 FILE_COLUMNS = store.columns(store.FileRecord)
@@ -66,6 +72,7 @@ def _batch(row: Any) -> store.BatchRecord:
         completed=row[9], failed=row[10], valid=row[11], invalid=row[12],
         output_file_id=row[13], error_file_id=row[14], times=json.loads(row[15]),
         errors=json.loads(row[16]) if row[16] else None, tenant=row[17],
+        busy_s=row[18], busy_records=row[19], busy_usable=row[20],
     )  # fmt: skip
 
 
@@ -347,6 +354,16 @@ class SQLiteStore:
             return await self._run(record)
         finally:
             self._leases.pop((batch_id, idx), None)
+
+    async def add_progress(self, batch_id: str, progress: store.Progress) -> None:
+        def add(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE batches SET busy_s = busy_s + ?, busy_records = busy_records + ?, "
+                "busy_usable = busy_usable + ? WHERE id = ?",
+                (progress.busy_s, progress.records, progress.usable, batch_id),
+            )
+
+        await self._run(add)
 
     async def finalize(self, batch_id: str, status: str) -> store.BatchRecord:
         now = self._stamp()

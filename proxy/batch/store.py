@@ -22,6 +22,10 @@ lines it is running (:meth:`BatchStore.renew`) and hands back those it did not r
 claimed again. On PostgreSQL several replicas share the queue (and
 :meth:`BatchStore.fill_batch` fills a job once however many replicas try); on
 SQLite the one process holds every lease (in memory: a restart forgets them).
+
+A job also keeps the runners' measure of its pace (:class:`Progress`: its busy
+seconds and the lines recorded in them), added to with
+:meth:`BatchStore.add_progress`, so that its estimate survives a restart.
 """
 
 from __future__ import annotations
@@ -79,15 +83,27 @@ class PendingLine:
 @dataclass(frozen=True)
 class LineResult:
     """A line's outcome: ``ok`` lines go to the output file, the others to the error
-    file; ``line`` is the whole JSONL line; ``quality`` is ``valid``/``invalid``
-    where the line asked for structured output, else empty; the tokens are the
-    answer's ``usage``."""
+    file; ``line`` is the whole JSONL line; ``quality`` is ``valid``/``invalid`` for
+    an ``ok`` line (see :func:`proxy.batch.lines.quality`), else empty; the tokens
+    are the answer's ``usage``."""
 
     ok: bool
     line: str
     quality: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A job's measured pace: ``busy_s``, the seconds during which a runner had some of
+    its lines in flight, and the lines recorded in them (``records``; ``usable``: of
+    those, the ones in the output file that, where they asked for structured output,
+    follow it). Stored as increments, so that restarts and replicas add up."""
+
+    busy_s: float = 0.0
+    records: int = 0
+    usable: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,14 @@ class BatchRecord:
     times: Mapping[str, int | None] = field(default_factory=dict)
     errors: list[Json] | None = None
     tenant: str = ""  # the tenant of the key that created it ("" anonymous)
+    busy_s: float = 0.0  # its stored Progress: the runners' busy seconds,
+    busy_records: int = 0  # the lines they recorded in them,
+    busy_usable: int = 0  # and of those, the usable ones
+
+    @property
+    def progress(self) -> Progress:
+        """The pace stored with the job (zero before anything was measured)."""
+        return Progress(self.busy_s, self.busy_records, self.busy_usable)
 
 
 @dataclass(frozen=True)
@@ -201,5 +225,10 @@ class BatchStore(Protocol):
         ...
 
     async def record(self, batch_id: str, idx: int, result: LineResult) -> bool: ...
+    async def add_progress(self, batch_id: str, progress: Progress) -> None:
+        """Add a runner's measure since its last call (busy seconds, lines recorded,
+        usable lines) to the job's :class:`Progress`."""
+        ...
+
     async def finalize(self, batch_id: str, status: str) -> BatchRecord: ...
     async def count_by_status(self) -> dict[str, int]: ...

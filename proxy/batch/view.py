@@ -15,7 +15,8 @@ from proxy.metrics import Deadline
 
 def job_row(runner: BatchRunner, batch: BatchRecord) -> Json:
     """One active job: its tenant, whether it waits for one of the tenant's
-    ``batch_jobs``, progress, rate, estimate (``None`` where not measured yet)."""
+    ``batch_jobs``, progress, rate, estimate (``None`` where not measured yet) and
+    the estimate's ``basis``."""
     done = batch.completed + batch.failed
     estimate = runner.estimate(batch)
     body = estimate.body() if estimate is not None else {}

@@ -1,12 +1,23 @@
 """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``, and the
 errors that the HTTP edge and the batch runner both give. FastAPI's exception
-handlers that answer them are the edge's (:mod:`proxy.api.error_handlers`)."""
+handlers that answer them are the edge's (:mod:`proxy.api.error_handlers`).
+
+``code`` is a string naming the condition (``model_not_found``,
+``engine_unavailable``, ...) or ``None``, as in OpenAI's own errors: never the HTTP
+status, which a client already has, so that one check (``error.code == "..."``)
+reads every error the proxy answers. An engine's own error answer is relayed as the
+engine wrote it (vLLM's ``code`` is its HTTP status); that is the engine's, not the
+proxy's."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+MODELS_LISTED = 50
+"""The most model names a "does not exist" message lists; the rest are counted
+(``GET /v1/models`` lists them all)."""
 
 
 class APIError(Exception):
@@ -18,7 +29,7 @@ class APIError(Exception):
         message: str,
         err_type: str = "invalid_request_error",
         param: str | None = None,
-        code: str | int | None = None,
+        code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -48,16 +59,34 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def model_not_found(model: str) -> APIError:
-    return APIError(
-        404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
-    )
+def model_not_found(model: str, served: list[str]) -> APIError:
+    """404 for ``model``, naming the models that are ``served`` so that the client
+    can correct the name without another request."""
+    message = f"The model `{model}` does not exist. {models_served(served)}"
+    return APIError(404, message, param="model", code="model_not_found")
 
 
-def engine_unavailable(message: str, retry_after_s: int | None = None) -> APIError:
+def models_served(served: list[str]) -> str:
+    """``served`` as a sentence for an error message: at most :data:`MODELS_LISTED`
+    names, the rest counted."""
+    if not served:
+        return "No engine serves any model."
+    names = ", ".join(served[:MODELS_LISTED])
+    more = len(served) - MODELS_LISTED
+    if more > 0:
+        names += f" and {more} more (GET /v1/models lists them)"
+    return f"Models served: {names}."
+
+
+def engine_unavailable(
+    message: str, retry_after_s: int | None = None, code: str = "engine_unavailable"
+) -> APIError:
+    """503: the proxy cannot reach an engine for the request now (``code`` says why
+    when another reason than the engines': ``shutting_down``)."""
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return APIError(503, message, err_type="service_unavailable", code=503, headers=headers)
+    return APIError(503, message, err_type="service_unavailable", code=code, headers=headers)
 
 
 def engine_failed(message: str) -> APIError:
-    return APIError(502, message, err_type="engine_error", code=502)
+    """502: the engine failed in the middle of an answer the proxy was assembling."""
+    return APIError(502, message, err_type="engine_error", code="engine_failed")

@@ -97,6 +97,9 @@ def uvicorn_config(app: ASGIApp, settings: Settings, log_level: str = "info") ->
         host=settings.serving.host,
         port=settings.serving.port,
         log_level=log_level,
+        # no handlers of uvicorn's own: its access and error lines go through the
+        # proxy's format (proxy.logs), one format in the log
+        log_config=None,
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_s),  # whole seconds
         http=http_protocol(client_limits(settings)),
         ws="none",  # no WebSocket routes: an upgrade is an ordinary request

@@ -6,7 +6,7 @@
   afterwards ``batch`` again. A screenshot is kept as ``artifacts/status-page.png``.
 - Against the real :func:`~proxy.api.turn.turn_body` of a scripted scheduler with
   four engines, served through Playwright's request interception: every engine
-  gets its card with its turn and held reason, and the page says
+  gets its card with its turn (a dead engine: ``down``) and held reason, and the page says
   ``reconnecting`` while ``/turn`` is unreachable and recovers after.
 - A page opened after a minute of batch turns draws that minute at once, from the
   proxy's own history (``/turn/history``), and says the share of the last 10 s; a
@@ -388,7 +388,7 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     expected = {
         "engine-a": ("interactive", "interactive_waiting"),
         "engine-b": ("batch", "prefill_budget"),
-        "engine-c": ("saturated", "engine_unhealthy"),
+        "engine-c": ("down", "engine_unhealthy"),  # the scheduler's turn: saturated
         "engine-d": ("idle", ""),
     }
     for name, (turn, _) in expected.items():
@@ -400,7 +400,7 @@ def test_status_page_shows_every_engine_and_reconnects(page: Page) -> None:
     )
     assert {c[0]: (c[1], c[2]) for c in cards} == expected
     assert "by the prefill budget" in page.inner_text('[data-engine="engine-b"] .held')
-    assert page.inner_text('[data-engine="engine-c"] .health') == "down"
+    assert page.inner_text('[data-engine="engine-c"] .state') == "down: its health checks fail"
     index = page.locator('[data-engine="engine-a"] .prefix-index')
     assert (index.get_attribute("data-mode"), index.get_attribute("data-blocks")) == ("routed", "0")
     page.wait_for_function(  # a function, not an expression: the page's CSP forbids eval

@@ -56,7 +56,7 @@ def test_the_tenants_panel_shows_share_against_owed_and_the_verdict(
 
     page.wait_for_selector("#log tbody tr")
     log = page.locator("#log tbody tr").evaluate_all(
-        "trs => trs.map(tr => [tr.children[3].textContent, tr.children[4].textContent])"
+        "trs => trs.map(tr => [tr.querySelector('.d-tenant').textContent, tr.dataset.outcome])"
     )
     assert ("team-a", "admitted") in [tuple(r) for r in log]
     assert ("team-b", "admitted") in [tuple(r) for r in log]

@@ -40,8 +40,9 @@ class Counted:
 
 @pytest.fixture(scope="module")
 def proxy(shared_sim: SimServer) -> Iterator[tuple[str, Counted]]:
-    """The proxy with no batch store set: the Batch API off."""
-    settings = settings_from_dict({**PROXY_DEFAULTS, "engines": [engine(shared_sim.base_url, "e")]})
+    """The proxy with the Batch API turned off (it is on by default)."""
+    off = {**PROXY_DEFAULTS, "batch_store": "off"}
+    settings = settings_from_dict({**off, "engines": [engine(shared_sim.base_url, "e")]})
     counted = Counted(create_app(settings))
     with serving(counted, "the proxy") as (base_url, _, _):
         yield base_url, counted
@@ -76,4 +77,4 @@ def test_the_sdk_stops_at_once_and_says_why(proxy: tuple[str, Counted], call: st
     assert error.status_code == 404
     assert isinstance(error.body, dict)
     assert (error.body["type"], error.body["code"]) == ("invalid_request_error", "batch_api_off")
-    assert "batch_store_path" in error.message and "batch_dsn" in error.message
+    assert "batch_store: sqlite" in error.message and "batch_dsn" in error.message

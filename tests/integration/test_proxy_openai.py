@@ -215,4 +215,4 @@ def test_engine_down_streaming_is_a_503() -> None:
         response = proxy.http.post("/v1/completions", json=request)
         assert response.status_code == 503
         assert response.headers["content-type"] == "application/json"
-        assert response.json()["error"]["code"] == 503
+        assert response.json()["error"]["code"] == "engine_unavailable"

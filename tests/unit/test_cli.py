@@ -10,10 +10,12 @@ import logging
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -21,12 +23,16 @@ from loadtests import cli as bench
 from proxy import cli
 from proxy.config import (
     DEFAULT_CONFIG_FILE,
+    ApiKey,
     EngineConfig,
     Settings,
     load_settings,
     settings_from_dict,
 )
 from proxy.process.workers import worker_ids
+from proxy.server import create_app
+from tests.support.served import serve_app
+from tests.unit.api.helpers import FakeEngines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,6 +211,14 @@ def test_bench_commands_take_their_arguments_untouched() -> None:
 
 
 # --- serve: where the settings came from ------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def any_port_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve``'s port check stands aside here: these tests name ports (8080, ...)
+    that another program on the machine may hold, and run nothing on them.
+    tests/unit/test_startup.py tests the check itself."""
+    monkeypatch.setattr(cli, "port_free", lambda host, port: None)
 
 
 class Runner:
@@ -389,3 +403,103 @@ def test_each_worker_is_a_replica_of_its_own() -> None:
     ]
     named = settings_from_dict({**base, "replica_id": "edge"})
     assert worker_ids(named, "host-1-ab") == ["edge-w0", "edge-w1", "edge-w2"]
+
+
+# --- serve: the Batch API on by default, and where ------------------------------------------
+
+
+def test_serve_names_the_batch_store_it_uses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[Settings] = []
+
+    def run(settings: Settings, log_level: str) -> int:
+        seen.append(settings)
+        return 0
+
+    env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        cli.serve(serve_args("--engine", "http://e:1"), env=env, cwd=tmp_path, run=run)
+        cli.serve(
+            serve_args("--engine", "http://e:1", "--data-dir", str(tmp_path / "flag")),
+            env=env,
+            cwd=tmp_path,
+            run=run,
+        )
+    default = tmp_path / "xdg" / "whoseturn" / "batch.sqlite3"
+    flagged = tmp_path / "flag" / "batch.sqlite3"
+    assert [s.batch.store_path for s in seen] == [str(default), str(flagged)]
+    said = messages(caplog)
+    assert f"batch API on: SQLite at {default}" in said
+    assert f"batch API on: SQLite at {flagged}" in said
+
+
+def test_serve_says_when_the_batch_api_is_off_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        env = {"WHOSETURN_BATCH_STORE": "off"}
+        cli.serve(serve_args("--engine", "http://e:1"), env=env, cwd=tmp_path, run=Runner())
+        env = {"WHOSETURN_LEDGER_DSN": "postgresql://l@127.0.0.1/w"}
+        args = serve_args("--engine", "http://e:1", "--workers", "2")
+        cli.serve(args, env=env, cwd=tmp_path, run=Runner())
+    said = messages(caplog)
+    assert "batch API off (batch_store: off); batch_store: sqlite turns it on" in said
+    assert (
+        "batch API off: the SQLite store is for one process and workers is 2; "
+        "batch_store: postgres with batch_dsn turns it on for every worker"
+    ) in said
+
+
+def test_serve_logs_a_postgres_store_without_its_password(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {
+        "WHOSETURN_BATCH_STORE": "postgres",
+        "WHOSETURN_BATCH_DSN": "postgresql://jobs:hunter2@db.internal:5432/jobs",
+    }
+    with caplog.at_level(logging.INFO, logger=cli.__name__):
+        cli.serve(serve_args("--engine", "http://e:1"), env=env, cwd=tmp_path, run=Runner())
+    (line,) = [m for m in messages(caplog) if m.startswith("batch API")]
+    assert line.startswith("batch API on: PostgreSQL at ") and "db.internal" in line
+    assert "hunter2" not in caplog.text
+
+
+# --- turn: a proxy that has keys ------------------------------------------------------------
+
+READ_KEY = "sk-dashboard"
+
+
+@pytest.fixture
+def keyed_proxy() -> Iterator[str]:
+    """A proxy with API keys (one of them a read key) on a loopback port."""
+    engines = FakeEngines()
+    settings = engines.settings(api_keys=(ApiKey(key=READ_KEY, role="read"), "sk-user"))
+    app = create_app(settings, transport=httpx.MockTransport(engines))
+    with serve_app(app, "the proxy") as (base_url, _):
+        yield base_url
+
+
+def test_turn_sends_the_key_as_a_bearer_token(
+    keyed_proxy: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cli.API_KEY_VAR, raising=False)
+    assert cli.main(["turn", "--proxy", keyed_proxy, "--key", READ_KEY]) == 0
+    assert capsys.readouterr().out.startswith("a: ")  # engine a's sentence, as text
+    monkeypatch.setenv(cli.API_KEY_VAR, READ_KEY)
+    assert cli.main(["turn", "--proxy", keyed_proxy]) == 0
+    assert capsys.readouterr().out.startswith("a: ")
+
+
+def test_turn_without_a_key_says_to_pass_one(
+    keyed_proxy: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cli.API_KEY_VAR, raising=False)
+    assert cli.main(["turn", "--proxy", keyed_proxy]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"whoseturn: {keyed_proxy} asks for an API key (401): pass one with --key KEY "
+        f"(or set ${cli.API_KEY_VAR})\n"
+    )
+    assert cli.main(["turn", "--proxy", keyed_proxy, "--key", "sk-wrong"]) == 1
+    assert "refused the key (401): pass a key the proxy has with --key" in capsys.readouterr().err

@@ -156,9 +156,9 @@ def engine(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("data", "key"),
     [
-        ({"engines": [URL], "prot": 80}, r"settings: unknown keys \['prot'\]"),
-        (engine(modles=["x"]), r"engines\[0\]: unknown keys \['modles'\]"),
-        (engine(budget={"initial": 1}), r"engines\[0\]\.budget: unknown keys \['initial'\]"),
+        ({"engines": [URL], "prot": 80}, r"settings: unknown key 'prot'"),
+        (engine(modles=["x"]), r"engines\[0\]: unknown key 'modles'"),
+        (engine(budget={"initial": 1}), r"engines\[0\]\.budget: unknown key 'initial'"),
         ({"engines": ["localhost:8000"]}, r"engines\[0\]\.url: expected http\(s\)"),
         ({"engines": ["ftp://h:1"]}, r"engines\[0\]\.url"),
         ({"engines": ["http://"]}, r"engines\[0\]\.url"),
@@ -440,7 +440,7 @@ def test_the_secret_from_the_environment_through_load_settings(tmp_path: Path) -
         ({"key": "sk-x", "tier": "gold"}, r"^api_keys\[1\]\.tier: expected one of"),
         ({"key": "sk-x", "limits": {"streams": 0}}, r"^api_keys\[1\]\.limits\.streams: expected"),
         ({"key": "sk-x", "limits": {"streams": 1.5}}, r"^api_keys\[1\]\.limits\.streams"),
-        ({"key": "sk-x", "limits": {"rpm": 5}}, r"^api_keys\[1\]\.limits: unknown keys \['rpm'\]"),
+        ({"key": "sk-x", "limits": {"rpm": 5}}, r"^api_keys\[1\]\.limits: unknown key 'rpm'"),
         ({"key": "sk-x", "limits": [5]}, r"^api_keys\[1\]\.limits: expected a mapping"),
         ({"key": "sk-x", "tenant": 7}, r"^api_keys\[1\]\.tenant: expected a name"),
     ],
@@ -465,3 +465,174 @@ def test_fair_share_is_on_by_default_and_reads_the_file_and_the_env(tmp_path: Pa
         from_env(tmp_path, FAIR_SHARE="maybe")
     with pytest.raises(ConfigError, match=r"^fair_share: expected true or false"):
         settings_from_dict({"engines": [URL], "fair_share": "yes"})
+
+
+# -- every error at once, with "did you mean" ----------------------------------------------
+
+
+def test_every_error_is_reported_at_once_each_naming_its_key() -> None:
+    data = {
+        "engines": [{"url": URL, "max_inflight": 0, "piecing": "sometimes"}, "ftp://h:1"],
+        "prot": 8080,
+        "port": "eighty",
+        "batch_min_share": 2,
+        "api_keys": [{"key": "sk-x", "tier": "gold"}],
+    }
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict(data, env={})
+    wheres = [e.where for e in caught.value.errors]
+    assert sorted(wheres) == sorted(
+        [
+            "settings",
+            "engines[0]",
+            "engines[0].piecing",
+            "engines[1].url",
+            "port",
+            "batch_min_share",
+            "api_keys[0].tier",
+        ]
+    )
+    text = str(caught.value)
+    assert text.startswith("7 errors in the settings:\n")
+    for error in caught.value.errors:
+        assert f"\n  - {error.where}: {error.why}" in text
+    assert "sk-x" not in text
+
+
+def test_one_error_reads_as_itself() -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"engines": [URL], "port": 0})
+    assert (caught.value.where, caught.value.why, str(caught.value)) == (
+        "port",
+        "expected 1..65535",
+        "port: expected 1..65535",
+    )
+    assert caught.value.errors == (caught.value,)
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"engines": [URL], "prot": 80}, "settings: unknown key 'prot': did you mean 'port'?"),
+        (
+            {"engines": [URL], "batch_store_pth": "/x"},
+            "settings: unknown key 'batch_store_pth': did you mean 'batch_store_path'?",
+        ),
+        (engine(modles=["x"]), "engines[0]: unknown key 'modles': did you mean 'models'?"),
+        (
+            engine(budget={"max_token": 9}),
+            "engines[0].budget: unknown key 'max_token': did you mean 'max_tokens'?",
+        ),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_known_one(data: dict[str, Any], said: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict(data)
+    assert str(caught.value) == said
+
+
+def test_an_unknown_key_like_no_known_one_lists_them() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^settings: unknown key 'zzz'; known: api_keys, batch_abort, "
+    ):
+        settings_from_dict({"engines": [URL], "zzz": 1})
+
+
+def test_the_environments_errors_come_with_the_files(tmp_path: Path) -> None:
+    config = write(tmp_path / "w.yaml", f"engines: [{URL}]\nhold_timout_s: 3\n")
+    env = {"WHOSETURN_PORT": "eighty", "WHOSETURN_WORKERS": "many"}
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, env, config_file=str(config))
+    assert [e.where for e in caught.value.errors] == [
+        "WHOSETURN_PORT",
+        "WHOSETURN_WORKERS",
+        "settings",
+    ]
+    assert "did you mean 'hold_timeout_s'?" in str(caught.value)
+
+
+# -- engine URLs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ("https://gateway/vllm-a/v1", "https://gateway/vllm-a"),
+        ("dns+http://vllm-headless:8000/v1", "dns+http://vllm-headless:8000"),
+    ],
+)
+def test_an_engine_url_ending_in_v1_is_refused_with_the_url_to_give(given: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"engines": [given]})
+    assert caught.value.where == "engines[0].url"
+    assert caught.value.why == (
+        f"{given!r} ends in /v1: drop /v1: the proxy adds the routes itself; use {fix}"
+    )
+    assert settings_from_dict({"engines": [fix]}).engines[0].url == fix  # the fix loads
+
+
+def test_an_engine_url_with_another_path_is_kept() -> None:
+    settings = settings_from_dict({"engines": ["https://gateway/vllm-a/", "http://h:1/v1beta"]})
+    assert [e.url for e in settings.engines] == ["https://gateway/vllm-a", "http://h:1/v1beta"]
+
+
+# -- the Batch API on by default, in the data directory ---------------------------------------
+
+
+def test_the_batch_store_defaults_to_sqlite_in_the_xdg_data_home(tmp_path: Path) -> None:
+    s = settings_from_dict({"engines": [URL]}, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert s.serving.data_dir == str(tmp_path / "whoseturn")
+    assert s.batch.store == "sqlite"
+    assert s.batch.store_path == str(tmp_path / "whoseturn" / "batch.sqlite3")
+    assert s.batch.on
+
+
+def test_without_xdg_data_home_the_data_dir_is_under_the_home(tmp_path: Path) -> None:
+    for env in ({"HOME": str(tmp_path)}, {"HOME": str(tmp_path), "XDG_DATA_HOME": "rel"}):
+        s = settings_from_dict({"engines": [URL]}, env=env)  # a relative XDG path: ignored
+        assert s.batch.store_path == str(tmp_path / ".local/share/whoseturn/batch.sqlite3")
+
+
+def test_data_dir_from_the_file_the_environment_and_the_flag(tmp_path: Path) -> None:
+    config = write(tmp_path / "w.yaml", f"engines: [{URL}]\ndata_dir: {tmp_path / 'file'}\n")
+    xdg = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    s = load(tmp_path, xdg, config_file=str(config))
+    assert s.batch.store_path == str(tmp_path / "file" / "batch.sqlite3")
+    s = load(
+        tmp_path, {**xdg, "WHOSETURN_DATA_DIR": str(tmp_path / "env")}, config_file=str(config)
+    )
+    assert s.batch.store_path == str(tmp_path / "env" / "batch.sqlite3")
+    flag = {"data_dir": str(tmp_path / "flag")}
+    s = load(tmp_path, xdg, config_file=str(config), overrides=flag)
+    assert (s.serving.data_dir, s.batch.store_path) == (
+        str(tmp_path / "flag"),
+        str(tmp_path / "flag" / "batch.sqlite3"),
+    )
+
+
+def test_a_given_store_path_wins_over_the_data_dir(tmp_path: Path) -> None:
+    data = {"engines": [URL], "data_dir": str(tmp_path), "batch_store_path": "/srv/jobs.db"}
+    assert settings_from_dict(data).batch.store_path == "/srv/jobs.db"
+
+
+def test_batch_store_off_turns_the_batch_api_off(tmp_path: Path) -> None:
+    config = write(tmp_path / "w.yaml", f"engines: [{URL}]\nbatch_store: off\n")  # a bool
+    for s in (
+        load(tmp_path, {"XDG_DATA_HOME": str(tmp_path)}, config_file=str(config)),
+        from_env(tmp_path, BATCH_STORE="off"),
+    ):
+        assert (s.batch.store, s.batch.store_path, s.batch.on) == ("off", "", False)
+
+
+def test_several_workers_leave_the_default_store_off_rather_than_share_it() -> None:
+    s = settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN})
+    assert (s.batch.store, s.batch.store_path, s.batch.on) == ("sqlite", "", False)
+
+
+def test_the_tests_default_data_dir_is_a_temporary_one(data_home: Path) -> None:
+    # tests/conftest.py: no test writes a batch store into the user's home
+    store = Path(settings_from_dict({"engines": [URL]}).batch.store_path)
+    assert store == data_home / "whoseturn" / "batch.sqlite3"
+    assert not store.is_relative_to(Path.home() / ".local")

@@ -300,11 +300,7 @@ def test_without_the_secret_the_batch_api_is_off_and_each_replica_keeps_its_budg
         return
     (container,) = one(objects, "Deployment", "whoseturn")["spec"]["template"]["spec"]["containers"]
     settings = proxy_settings(objects, pod_env(container, {}), tmp_path)
-    assert (settings.replicas.ledger_dsn, settings.batch.dsn, settings.batch.store_path) == (
-        "",
-        "",
-        "",
-    )
+    assert (settings.replicas.ledger_dsn, settings.batch.dsn, settings.batch.on) == ("", "", False)
 
 
 def test_with_the_secret_every_replica_shares_jobs_and_budget_through_postgres(
@@ -321,4 +317,4 @@ def test_with_the_secret_every_replica_shares_jobs_and_budget_through_postgres(
     if name == "postgres":  # the Batch API on, its store shared
         assert (settings.batch.store, settings.batch.dsn) == ("postgres", dsn)
     else:
-        assert settings.batch.store == "sqlite" and settings.batch.store_path == ""
+        assert settings.batch.store == "off" and not settings.batch.on

@@ -156,6 +156,6 @@ def test_sse_error_is_one_openai_error_event() -> None:
         "message": "engine went away",
         "type": "engine_error",
         "param": None,
-        "code": 502,
+        "code": "engine_failed",
     }
     assert json.loads(raw[len(b"data: ") :]) == {"error": e.error}

@@ -27,8 +27,10 @@ def test_the_store_path_comes_from_the_environment() -> None:
     assert load_settings(None, env=env).batch.store_path == "/tmp/b.db"
 
 
-def test_the_batch_api_is_off_by_default() -> None:
-    assert settings_from_dict(ENGINES).batch.store_path == ""
+def test_the_batch_api_is_on_by_default_and_off_when_asked() -> None:
+    assert settings_from_dict(ENGINES).batch.store_path.endswith("/whoseturn/batch.sqlite3")
+    off = settings_from_dict({**ENGINES, "batch_store": "off"}).batch
+    assert (off.store_path, off.on) == ("", False)
 
 
 def test_the_postgres_store_comes_from_the_environment_and_its_password_stays_out() -> None:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.anyio
 # Every store method the runner calls, on a job's way from validating to completed.
 RUNNER_CALLS = (
     "active_batches", "count_by_status", "get_batch", "local_file", "fill_batch",
-    "claim", "renew", "release", "record", "set_status", "finalize",
+    "claim", "renew", "release", "record", "add_progress", "set_status", "finalize",
 )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from proxy.batch.store import BatchStore, NewBatch
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
+PROGRESS_COLUMNS = ("busy_s", "busy_records", "busy_usable")  # schema 4
 
 
 def jsonl(n: int) -> bytes:
@@ -70,12 +71,13 @@ async def test_a_version_2_sqlite_store_gains_the_column_its_jobs_anonymous(
     await old.add_batch(new_batch("batch_old", "ignored"))
     await old.close()
     with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 2: no `tenant`
-        db.execute("ALTER TABLE batches DROP COLUMN tenant")
+        for column in ("tenant", *PROGRESS_COLUMNS):
+            db.execute(f"ALTER TABLE batches DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
     await store.open()
     with sqlite3.connect(tmp_path / "b.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     old_job = await store.get_batch("batch_old")
     assert old_job is not None and old_job.tenant == ""
     new_job = await store.add_batch(new_batch("batch_new", "team-a"))
@@ -92,11 +94,12 @@ async def test_a_version_2_postgres_store_gains_the_column_its_jobs_anonymous(
     await old.add_batch(new_batch("batch_old", "ignored"))
     await old.close()
     with psycopg.connect(postgres_db, autocommit=True) as conn:  # back to schema 2
-        conn.execute("ALTER TABLE batches DROP COLUMN tenant")
+        for column in ("tenant", *PROGRESS_COLUMNS):
+            conn.execute(f"ALTER TABLE batches DROP COLUMN {column}")
         conn.execute("UPDATE schema_version SET version = 2")
     store = PostgresStore(postgres_db, lambda: 1000.0, pool_size=2)
     await store.open()
-    assert await store.schema_version() == len(MIGRATIONS) == 3
+    assert await store.schema_version() == len(MIGRATIONS) == 4
     old_job = await store.get_batch("batch_old")
     assert old_job is not None and old_job.tenant == ""
     new_job = await store.add_batch(new_batch("batch_new", "team-a"))
