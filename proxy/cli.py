@@ -51,6 +51,7 @@ ENV_VARS = (
     "WHOSETURN_MAX_INCOMPLETE_CONNECTIONS",
     "WHOSETURN_DNS_INTERVAL_S",
     "WHOSETURN_LEDGER_DSN",
+    "WHOSETURN_LEDGER_PATH",
     "WHOSETURN_REPLICA_ID",
     "WHOSETURN_WORKERS",
     "WHOSETURN_BATCH_STORE_PATH",
@@ -161,7 +162,7 @@ def _add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         default=None,
         metavar="N",
         help="worker processes on one port, each a replica sharing the budget through "
-        "ledger_dsn, which N > 1 needs (default: 1)",
+        "the ledger (ledger_dsn, else a SQLite file in the data directory) (default: 1)",
     )
 
 
@@ -331,14 +332,8 @@ def log_batch(settings: Settings) -> None:
         from proxy.batch.postgres import redacted  # psycopg: only with its store
 
         _log.info("batch API on: PostgreSQL at %s", redacted(batch.dsn))
-    elif batch.store == "off":
-        _log.info("batch API off (batch_store: %s); batch_store: sqlite turns it on", batch.store)
     else:
-        _log.info(
-            "batch API off: the SQLite store is for one process and workers is %s; "
-            "batch_store: postgres with batch_dsn turns it on for every worker",
-            settings.replicas.workers,
-        )
+        _log.info("batch API off (batch_store: %s); batch_store: sqlite turns it on", batch.store)
 
 
 def turn(proxy: str, key: str | None) -> int:

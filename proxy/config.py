@@ -43,7 +43,9 @@ in the sections ``whoseturn.example.yaml`` groups them in (``batch_store_path`` 
     dns_interval_s: 5             # DNS groups of engines (dns+http://...) resolved again
     ledger_dsn: postgresql://...  # several replicas share each engine's budget
                                   # (docs/replicas.md); unset: this replica alone
-    workers: 1                    # processes on one port, each a replica (needs ledger_dsn)
+    workers: 1                    # processes on one port, each a replica; they share
+                                  # each engine's budget through ledger_path
+    ledger_path: DATA_DIR/ledger.sqlite3  # the ledger of one box's replicas (no server)
     data_dir: ~/.local/share/whoseturn  # the default batch store lives here
     batch_store: sqlite           # the Batch API's store: sqlite, postgres, or off
     engines:
@@ -302,6 +304,7 @@ TIERS = ("critical", "standard", "sheddable")
 ROUTE_BY = ("prefix", "affinity", "load")
 BATCH_STORES = ("sqlite", "postgres", "off")
 BATCH_DATABASE = "batch.sqlite3"
+LEDGER_DATABASE = "ledger.sqlite3"  # several workers share the budget here (no ledger_dsn)
 """The default SQLite batch store's file name, in the data directory."""
 BATCH_ABORTS = ("off", "on", "auto")
 
@@ -509,6 +512,9 @@ class ReplicaSettings:
     PREFIX: ClassVar[str] = ""
 
     ledger_dsn: str = field(default="", repr=False)
+    # the ledger in a SQLite file, for replicas on one box; with workers above 1 and no
+    # ledger_dsn, loading sets it to DATA_DIR/ledger.sqlite3
+    ledger_path: str = ""
     ledger_interval_s: float = 0.1  # publish this replica's load, read the others'
     ledger_lease_s: float = 3.0  # a replica's rows stop counting this long after its last write
     ledger_timeout_s: float = 1.0  # a ledger call that takes longer has failed
@@ -903,15 +909,18 @@ def default_data_dir(env: Mapping[str, str]) -> Path:
 
 
 def _data_dir(body: dict[str, Any], env: Mapping[str, str]) -> None:
-    """``data_dir`` resolved, and the SQLite batch store placed in it where no path
-    is given: the Batch API on by default. Not for several worker processes (one
-    SQLite store is for one process): there it stays off unless configured."""
+    """``data_dir`` resolved, and what lives in it placed there where no path is
+    given: the SQLite batch store (the Batch API on by default) and, for several
+    worker processes with no ``ledger_dsn``, the ledger they share the budget in."""
     given = body.get("data_dir") or ""
     data_dir = Path(given).expanduser() if given else default_data_dir(env)
     body["data_dir"] = str(data_dir)
     sqlite = body.get("batch_store", "sqlite") == "sqlite"
-    if sqlite and not body.get("batch_store_path") and body.get("workers", 1) == 1:
+    if sqlite and not body.get("batch_store_path"):
         body["batch_store_path"] = str(data_dir / BATCH_DATABASE)
+    several = isinstance(body.get("workers"), int) and body["workers"] > 1
+    if several and not body.get("ledger_dsn") and not body.get("ledger_path"):
+        body["ledger_path"] = str(data_dir / LEDGER_DATABASE)
 
 
 def settings_from_dict(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
@@ -1025,21 +1034,11 @@ def _check_replicas(settings: Settings) -> None:
         *_positive(s, "ledger_timeout_s"),
         *_at_least_one(s, "workers"),
     )
-    n = s.workers
     _checks(
         (
-            n == 1 or bool(s.ledger_dsn),
-            "workers",
-            f"{n} worker processes need ledger_dsn (WHOSETURN_LEDGER_DSN, docs/replicas.md): "
-            f"each process has its own scheduler and its own batch prefill budget per "
-            f"engine, so without a shared ledger {n} workers could put {n} x B batch tokens "
-            f"in prefill on one engine",
-        ),
-        (
-            n == 1 or settings.batch.store != "sqlite" or not settings.batch.store_path,
-            "workers",
-            f"{n} worker processes cannot share the SQLite batch store (it is for one proxy "
-            f"process): use batch_store: postgres, or batch_store: off",
+            not (s.ledger_dsn and s.ledger_path),
+            "ledger_path",
+            "and ledger_dsn are two places for one ledger: set one of them",
         ),
     )
 
@@ -1088,6 +1087,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "WHOSETURN_MAX_INCOMPLETE_CONNECTIONS": ("max_incomplete_connections", int),
     "WHOSETURN_DNS_INTERVAL_S": ("dns_interval_s", float),
     "WHOSETURN_LEDGER_DSN": ("ledger_dsn", str),
+    "WHOSETURN_LEDGER_PATH": ("ledger_path", str),
     "WHOSETURN_REPLICA_ID": ("replica_id", str),
     "WHOSETURN_WORKERS": ("workers", int),
     "WHOSETURN_BATCH_STORE_PATH": ("batch_store_path", str),

@@ -28,8 +28,9 @@ import copy
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from proxy.scheduler import EngineState, Scheduler, TrafficClass
@@ -610,3 +611,42 @@ class ProxyMetrics:
                 self.completion_tokens.labels(c.value, engine)
                 for outcome in OUTCOMES:
                     self.requests.labels(c.value, engine, outcome)
+
+
+# -- several workers of one box as one exposition (proxy.api.box) ------------------
+
+WORKER_LABEL = "worker"
+MISSING = "whoseturn_box_workers_missing"
+
+
+def merge_expositions(parts: Sequence[tuple[str, bytes]], missing: Iterable[str] = ()) -> bytes:
+    """Prometheus text expositions, one per worker (its name, its text), as one:
+    each family once, with every worker's samples, each labelled ``worker``; and
+    ``whoseturn_box_workers_missing{worker}`` 1 for each worker left out."""
+    families: dict[str, Metric] = {}
+    for worker, text in parts:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
+            for sample in family.samples:
+                labels = {**sample.labels, WORKER_LABEL: worker}
+                merged.add_sample(sample.name, labels, sample.value, sample.timestamp)
+    gone = Metric(MISSING, "Workers of this box whose metrics this scrape lacks", "gauge")
+    for worker in missing:
+        gone.add_sample(MISSING, {WORKER_LABEL: worker}, 1.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*families.values(), gone]))
+    return generate_latest(registry)
+
+
+class _Families:
+    """A collector that yields families already made."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return iter(self._families)

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -42,6 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.telemetry import TelemetryConfig
 
 from proxy.admission import Admission
+from proxy.api.box import Box
 from proxy.api.docs import publish_as_written
 from proxy.api.forward import Forwarder
 from proxy.api.piece_sender import PieceSender
@@ -93,6 +95,7 @@ class ProxyState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     batch: BatchAPI | None = None
     replica: str = ""  # this proxy's name in the ledger (and on /turn)
+    box: Box | None = None  # this proxy is one of a box's workers (serve --workers)
 
     def batch_store_health(self, now: float) -> dict[str, Any] | None:
         """The batch store's health at monotonic time ``now`` (``/readyz``); None
@@ -160,15 +163,20 @@ def _shared_budget(
     replica: str,
 ) -> SharedBudget | None:
     """The shared budget of several replicas: on ``ledger`` if given (tests), else on
-    PostgreSQL at ``ledger_dsn``; None without either (one replica alone)."""
-    if ledger is None and settings.replicas.ledger_dsn:
+    PostgreSQL at ``ledger_dsn`` or in the SQLite file at ``ledger_path``; None
+    without any (one replica alone)."""
+    s = settings.replicas
+    if ledger is None and s.ledger_dsn:
         from proxy.replicas.postgres import PostgresLedger  # psycopg loads only when used
 
         ledger = PostgresLedger(
-            settings.replicas.ledger_dsn,
-            replica,
-            lease_s=settings.replicas.ledger_lease_s,
-            timeout_s=settings.replicas.ledger_timeout_s,
+            s.ledger_dsn, replica, lease_s=s.ledger_lease_s, timeout_s=s.ledger_timeout_s
+        )
+    elif ledger is None and s.ledger_path:
+        from proxy.replicas.sqlite import SQLiteLedger
+
+        ledger = SQLiteLedger(
+            Path(s.ledger_path), replica, lease_s=s.ledger_lease_s, timeout_s=s.ledger_timeout_s
         )
     if ledger is None:
         return None
@@ -382,10 +390,12 @@ def create_app(
     clock: Clock | None = None,
     resolver: Resolver = resolve_addresses,
     ledger: Ledger | None = None,
+    box: Box | None = None,
 ) -> FastAPI:
     """The proxy. ``transport`` replaces the upstream network (tests); ``clock`` the
     wall clock; ``resolver`` the DNS look-ups of engine groups; ``ledger`` the shared
-    budget's store (else PostgreSQL at ``ledger_dsn``, if set). Its lifespan runs
+    budget's store (else PostgreSQL at ``ledger_dsn`` or SQLite at ``ledger_path``,
+    if set); ``box``: this is one of a box's worker processes. Its lifespan runs
     :func:`running`, and keeps the state in ``app.state.proxy``."""
 
     @asynccontextmanager
@@ -393,6 +403,7 @@ def create_app(
         async with running(
             settings, transport=transport, clock=clock, resolver=resolver, ledger=ledger
         ) as state:
+            state.box = box
             app.state.proxy = state
             yield
 

@@ -5,13 +5,16 @@ reverse proxy with buffering off, one worker: the floor for any proxy),
 ``vllm-router`` (vLLM's Rust router from its own venv, :mod:`loadtests.bench.overhead_router`;
 skipped when that venv is not built), ``whoseturn`` on its interactive route ``/v1``
 and ``whoseturn-batch`` on its batch route ``/batch/v1``, ``whoseturn-2w`` (``serve
---workers 2`` on ``/v1``, its ledger on a throwaway PostgreSQL; only when asked for
-by ``--arms``), all in front of the same upstream
+--workers 2`` on ``/v1``, the workers sharing the budget in the SQLite ledger of its
+data directory: no database server), ``passthrough`` (the floor of the proxy's own
+stack: :mod:`loadtests.bench.overhead_passthrough`), all in front of the same upstream
 (:mod:`loadtests.bench.overhead_upstream`). Each level's streams come from a load
 generator in its own process (:mod:`loadtests.bench.overhead_load`). Per arm and level:
-TTFT and inter-token latency p50/p99 added to direct's, relayed tokens per CPU
-second of the proxy's processes, the proxy's RSS growth per open stream, errors.
-Then the scheduler alone (:mod:`loadtests.bench.overhead_sched`).
+TTFT and inter-token latency p50/p99 added to direct's, the proxy's CPU per request,
+relayed tokens per CPU second of the proxy's processes, the proxy's RSS growth per
+open stream, errors. Then one-token requests at the largest level (``--one-token``):
+requests per CPU second, the cost of a request alone. Then the scheduler alone
+(:mod:`loadtests.bench.overhead_sched`).
 
 Run: ``python -m loadtests.bench.overhead [--levels 1,64,256,1024] [--prompt-chars 1000,100000]
 [--arms direct,nginx,...]``.
@@ -46,8 +49,11 @@ from loadtests.support.processes import (
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-ARMS = ("direct", "nginx", "vllm-router", "whoseturn", "whoseturn-batch")
-OPTIONAL_ARMS = ("whoseturn-2w",)  # run only when named: it needs PostgreSQL
+ARMS = (
+    "direct", "nginx", "vllm-router", "passthrough", "whoseturn", "whoseturn-batch",
+    "whoseturn-2w",
+)  # fmt: skip
+OPTIONAL_ARMS: tuple[str, ...] = ()  # run only when named
 NGINX_CONF = """daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/error.log;
 events {{ worker_connections 8192; }}
 http {{
@@ -154,7 +160,8 @@ def whoseturn(upstream: int, root: Path, max_streams: int) -> Iterator[list[Arm]
     concurrency cap raised to the largest level, so streams are not queued)."""
     port = free_port()
     engine = {"name": "e0", "url": loopback_url(upstream), "max_inflight": max(256, max_streams)}
-    command = serve_command(root / "whoseturn.yaml", port=port, engines=[engine])
+    data = str(root / "whoseturn-data")
+    command = serve_command(root / "whoseturn.yaml", port=port, engines=[engine], data_dir=data)
     log = (root / "whoseturn.log").open("wb")
     try:
         with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=5) as proc:
@@ -171,32 +178,40 @@ def whoseturn(upstream: int, root: Path, max_streams: int) -> Iterator[list[Arm]
 @contextmanager
 def whoseturn_workers(upstream: int, root: Path, max_streams: int) -> Iterator[Arm]:
     """``whoseturn-2w``: as :func:`whoseturn`, but ``--workers 2``, sharing the budget
-    through a ledger on a throwaway PostgreSQL (:mod:`loadtests.support.postgres`, durable);
-    its CPU and RSS are the parent's and its children's (the two workers and
-    multiprocessing's resource tracker; not PostgreSQL's)."""
+    through the SQLite ledger in its data directory (no database server); its CPU
+    and RSS are the parent's and its children's (the two workers and
+    multiprocessing's resource tracker)."""
     import time
 
     import httpx
 
-    from loadtests.support.postgres import fresh_database, postgres_cluster
-
     port = free_port()
     engine = {"name": "e0", "url": loopback_url(upstream), "max_inflight": max(256, max_streams)}
-    with postgres_cluster(durable=True) as cluster:
-        dsn = fresh_database(cluster.dsn(), prefix="overhead")
-        config = root / "whoseturn-2w.yaml"
-        command = serve_command(config, port=port, engines=[engine], ledger_dsn=dsn, workers=2)
-        log = (root / "whoseturn-2w.log").open("wb")
-        try:
-            with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=10) as p:
-                wait_until_ok(loopback_url(port) + "/readyz", process=p, what="whoseturn-2w")
-                seen: set[str] = set()
-                deadline = time.monotonic() + 60
-                while len(seen) < 2 and time.monotonic() < deadline:  # both workers answer
-                    seen.add(httpx.get(loopback_url(port) + "/turn", timeout=10).json()["replica"])
-                yield Arm("whoseturn-2w", loopback_url(port) + "/v1", p.pid)
-        finally:
-            _print_warnings(root / "whoseturn-2w.log")
+    config = root / "whoseturn-2w.yaml"
+    data = str(root / "whoseturn-2w-data")
+    command = serve_command(config, port=port, engines=[engine], workers=2, data_dir=data)
+    log = (root / "whoseturn-2w.log").open("wb")
+    try:
+        with log, running(command, output=log, stop_signal=signal.SIGTERM, grace_s=10) as p:
+            wait_until_ok(loopback_url(port) + "/readyz", process=p, what="whoseturn-2w")
+            seen: set[str] = set()
+            deadline = time.monotonic() + 60
+            while len(seen) < 2 and time.monotonic() < deadline:  # both workers answer
+                seen.add(httpx.get(loopback_url(port) + "/turn", timeout=10).json()["replica"])
+            yield Arm("whoseturn-2w", loopback_url(port) + "/v1", p.pid)
+    finally:
+        _print_warnings(root / "whoseturn-2w.log")
+
+
+@contextmanager
+def passthrough(upstream: int) -> Iterator[Arm]:
+    """The bare passthrough (:mod:`loadtests.bench.overhead_passthrough`) as a child."""
+    port = free_port()
+    command = [sys.executable, "-m", "loadtests.bench.overhead_passthrough"]
+    command += ["--port", str(port), "--upstream", loopback_url(upstream)]
+    with running(command, stop_signal=signal.SIGTERM, grace_s=5) as proc:
+        wait_until_ok(loopback_url(port) + "/health", process=proc, what="the passthrough")
+        yield Arm("passthrough", loopback_url(port) + "/v1", proc.pid)
 
 
 def _print_warnings(path: Path, limit: int = 10) -> None:
@@ -245,11 +260,17 @@ class Plan:
     interval_s: float = 0.020
     arms: tuple[str, ...] = ARMS
     router_venv: Path = ROUTER_VENV
+    one_token: int = 1024  # one-token requests at once, after the levels (0: none)
 
 
-def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
-    """Every (arm, prompt size, level) of the plan, arms interleaved per level."""
-    rows: dict[tuple[str, int, int], dict[str, float]] = {}
+Rows = dict[tuple[str, int, int], dict[str, float]]
+
+
+def run_arms(plan: Plan) -> tuple[Rows, dict[str, dict[str, float]]]:
+    """Every (arm, prompt size, level) of the plan, arms interleaved per level; then,
+    by arm, ``plan.one_token`` one-token requests at once (the shortest prompt)."""
+    rows: Rows = {}
+    single: dict[str, dict[str, float]] = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overhead-")))
         port = stack.enter_context(upstream_server(plan.tokens, plan.interval_s))
@@ -258,6 +279,8 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
             arms.append(stack.enter_context(nginx(port, root / "nginx")))
         if "vllm-router" in plan.arms:
             arms += _router_arm(stack, plan, port, root / "vllm-router")
+        if "passthrough" in plan.arms:
+            arms.append(stack.enter_context(passthrough(port)))
         if {"whoseturn", "whoseturn-batch"} & set(plan.arms):
             arms += stack.enter_context(whoseturn(port, root, max(plan.levels)))
         if "whoseturn-2w" in plan.arms:
@@ -271,7 +294,10 @@ def run_arms(plan: Plan) -> dict[tuple[str, int, int], dict[str, float]]:
                     print(
                         f"  {arm.name} {chars} chars {level} streams done{error}", file=sys.stderr
                     )
-    return rows
+        for arm in arms if plan.one_token else ():
+            single[arm.name] = measure(arm, plan.one_token, min(plan.prompt_chars), 1)
+            print(f"  {arm.name} {plan.one_token} one-token requests done", file=sys.stderr)
+    return rows, single
 
 
 def _router_arm(stack: ExitStack, plan: Plan, upstream: int, root: Path) -> list[Arm]:
@@ -289,12 +315,12 @@ def _router_arm(stack: ExitStack, plan: Plan, upstream: int, root: Path) -> list
     return [Arm("vllm-router", url, pid)]
 
 
-def table(plan: Plan, rows: dict[tuple[str, int, int], dict[str, float]]) -> str:
+def table(plan: Plan, rows: Rows) -> str:
     """The Markdown table: figures per arm, added latency against direct's."""
     head = (
         "| prompt chars | streams | arm | TTFT p50 / p99 ms | added TTFT p50 / p99 ms "
-        "| ITL p50 / p99 ms | added ITL p50 / p99 ms | tokens per CPU s "
-        "| RSS KiB per stream | errors |\n" + "|---" * 10 + "|"
+        "| ITL p50 / p99 ms | added ITL p50 / p99 ms | CPU ms per request | tokens per CPU s "
+        "| RSS KiB per stream | errors |\n" + "|---" * 11 + "|"
     )
     lines = [head]
     for chars in plan.prompt_chars:
@@ -314,14 +340,36 @@ def _line(chars: int, level: int, arm: str, row: dict[str, float], base: dict[st
 
     cpu = row.get("cpu_s")
     per_cpu = f"{row['tokens'] / cpu:,.0f}" if cpu else "—"
+    per_request = f"{cpu * 1000 / level:.2f}" if cpu is not None else "—"
     rss = row.get("rss_per_stream")
     rss_kib = f"{rss / 1024:.0f}" if rss is not None else "—"
     return (
         f"| {chars:,} | {level:,} | {arm} | {ms('ttft_p50')} / {ms('ttft_p99')} "
         f"| {added('ttft_p50')} / {added('ttft_p99')} | {ms('itl_p50')} / {ms('itl_p99')} "
-        f"| {added('itl_p50')} / {added('itl_p99')} | {per_cpu} | {rss_kib} "
+        f"| {added('itl_p50')} / {added('itl_p99')} | {per_request} | {per_cpu} | {rss_kib} "
         f"| {int(row['errors'])} |"
     )
+
+
+def single_table(plan: Plan, single: dict[str, dict[str, float]]) -> str:
+    """One-token requests: each proxy's requests per CPU second and CPU per request."""
+    lines = [
+        f"{plan.one_token:,} one-token requests at once, {min(plan.prompt_chars):,}-character "
+        "prompts:",
+        "",
+        "| arm | requests per CPU s | CPU ms per request | TTFT p50 / p99 ms | errors |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, row in single.items():
+        cpu = row.get("cpu_s")
+        if not cpu:
+            continue
+        lines.append(
+            f"| {arm} | {plan.one_token / cpu:,.0f} | {cpu * 1000 / plan.one_token:.2f} "
+            f"| {row['ttft_p50'] * 1000:.1f} / {row['ttft_p99'] * 1000:.1f} "
+            f"| {int(row['errors'])} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         default=ARMS,
         help=f"comma-separated, of {','.join(ARMS + OPTIONAL_ARMS)} (default: {','.join(ARMS)})",
     )
+    parser.add_argument(
+        "--one-token", type=int, default=Plan.one_token, metavar="N",
+        help="one-token requests at once after the levels (0: none)",
+    )  # fmt: skip
     parser.add_argument("--no-sched", action="store_true", help="skip the scheduler-alone table")
     args = parser.parse_args(argv)
     plan = Plan(
@@ -345,10 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         prompt_chars=tuple(int(x) for x in args.prompt_chars.split(",")),
         tokens=args.tokens,
         arms=args.arms,
+        one_token=args.one_token,
     )
     raise_open_files()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    print(table(plan, run_arms(plan)))
+    rows, single = run_arms(plan)
+    print(table(plan, rows))
+    if single:
+        print()
+        print(single_table(plan, single))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if not args.no_sched:
         print()

@@ -6,7 +6,9 @@ engine tells batch, priority 0, from chat, priority -10):
 - ``1 replica``: one proxy, no ledger (exactly the single-replica proxy);
 - ``2 replicas`` and ``3 replicas``: sharing one PostgreSQL ledger (docs/replicas.md);
 - ``2 uncoordinated``: two proxies without a ledger, each with the whole budget;
-- ``2, one killed``: two with the ledger; one is killed (``SIGKILL``) halfway.
+- ``2, one killed``: two with the ledger; one is killed (``SIGKILL``) halfway;
+- ``2 workers, no database``: one ``serve --workers 2``, its workers sharing the
+  budget in the SQLite ledger of its data directory (no PostgreSQL at all).
 
 Chat streams and batch requests are spread over the replicas. Each engine's budget
 is fixed (``initial = min = max``), and batch prompts are token ids of one size, so
@@ -123,9 +125,17 @@ def engines(plan: Plan) -> Iterator[list[Server]]:
 
 @contextmanager
 def proxies(
-    plan: Plan, engine_urls: Sequence[str], count: int, dsn: str | None, root: Path
+    plan: Plan,
+    engine_urls: Sequence[str],
+    count: int,
+    dsn: str | None,
+    root: Path,
+    *,
+    workers: int = 1,
 ) -> Iterator[list[Server]]:
-    """``count`` proxy replicas in front of ``engine_urls``, sharing ``dsn`` if given."""
+    """``count`` proxy replicas in front of ``engine_urls``, sharing ``dsn`` if given;
+    each of ``workers`` processes (above 1 with no ``dsn``: sharing the SQLite ledger
+    in the replica's data directory under ``root``)."""
     budget = {"initial_tokens": plan.budget, "min_tokens": plan.budget, "max_tokens": plan.budget}
     configs = [
         {"url": url, "name": f"engine-{i}", "models": [MODEL], "scheduling_policy": "priority",
@@ -137,14 +147,15 @@ def proxies(
         "ledger_lease_s": plan.lease_s,
         "ledger_interval_s": plan.ledger_interval_s,
     }
-    if not dsn:
-        shared = {}
+    if not dsn:  # the workers of one box share the SQLite ledger; a lone process nothing
+        shared = {k: v for k, v in shared.items() if k != "ledger_dsn" and workers > 1}
     with ExitStack() as stack:
         out = []
         for n in range(count):
             command = partial(
                 serve_command, root / f"replica-{n}.yaml", engines=configs, replica_id=f"r{n}",
-                scrape_interval_s=0.2, health_interval_s=0.5, **shared,
+                scrape_interval_s=0.2, health_interval_s=0.5, workers=workers,
+                data_dir=str(root / f"replica-{n}-data"), **shared,
             )  # fmt: skip
             replica = stack.enter_context(serving(command))
             replica.wait_ready("/readyz", what=f"proxy replica {n}")
@@ -243,9 +254,19 @@ def engine_peaks(servers: Sequence[Server]) -> list[int]:
 
 
 def run_arm(
-    plan: Plan, name: str, count: int, dsn: str | None, root: Path, *, kill: bool = False
+    plan: Plan,
+    name: str,
+    count: int,
+    dsn: str | None,
+    root: Path,
+    *,
+    kill: bool = False,
+    workers: int = 1,
 ) -> Result:
-    with engines(plan) as sims, proxies(plan, [s.url for s in sims], count, dsn, root) as reps:
+    with (
+        engines(plan) as sims,
+        proxies(plan, [s.url for s in sims], count, dsn, root, workers=workers) as reps,
+    ):
         kill_at = plan.duration_s / 2 if kill else None
         tally, start, killed = asyncio.run(run_load(plan, reps, kill_at))
         peaks = engine_peaks(sims)
@@ -271,21 +292,22 @@ def _survivor_rates(
 
 
 def run_all(
-    plan: Plan, dsn: str, arms: Sequence[str] = ("1", "2", "3", "2u", "kill")
+    plan: Plan, dsn: str, arms: Sequence[str] = ("1", "2", "3", "2u", "kill", "2w")
 ) -> list[Result]:
     out = []
     with tempfile.TemporaryDirectory(prefix="whoseturn-replicas-") as tmp:
         root = Path(tmp)
         table = {
-            "1": ("1 replica", 1, None, False),
-            "2": ("2 replicas", 2, dsn, False),
-            "3": ("3 replicas", 3, dsn, False),
-            "2u": ("2 uncoordinated", 2, None, False),
-            "kill": ("2, one killed", 2, dsn, True),
+            "1": ("1 replica", 1, None, False, 1),
+            "2": ("2 replicas", 2, dsn, False, 1),
+            "3": ("3 replicas", 3, dsn, False, 1),
+            "2u": ("2 uncoordinated", 2, None, False, 1),
+            "kill": ("2, one killed", 2, dsn, True, 1),
+            "2w": ("2 workers, no database", 1, None, False, 2),
         }
         for arm in arms:
-            name, count, ledger, kill = table[arm]
-            out.append(run_arm(plan, name, count, ledger, root, kill=kill))
+            name, count, ledger, kill, workers = table[arm]
+            out.append(run_arm(plan, name, count, ledger, root, kill=kill, workers=workers))
     return out
 
 
@@ -333,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dsn", help="PostgreSQL for the ledger (default: a throwaway one)")
     parser.add_argument("--duration", type=float, default=Plan.duration_s, metavar="S")
     parser.add_argument("--budget", type=int, default=Plan.budget, metavar="TOKENS")
-    parser.add_argument("--arms", default="1,2,3,2u,kill", help="of 1, 2, 3, 2u, kill")
+    parser.add_argument("--arms", default="1,2,3,2u,kill,2w", help="of 1, 2, 3, 2u, kill, 2w")
     parser.add_argument(
         "--ledger-interval", type=float, default=Plan.ledger_interval_s, metavar="S",
         help="the replicas' ledger_interval_s",

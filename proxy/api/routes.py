@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.auth import KeyCheck
 from proxy.api.body_limits import BodyLimits
+from proxy.api.box import box_metrics
 from proxy.api.docs import Health, ModelList, Readiness, completion_route_docs, error_responses
 from proxy.api.error_handlers import install_error_handlers
 from proxy.api.intake import Intake
@@ -129,6 +130,12 @@ def _read_routes(app: FastAPI, state_of: StateOf) -> None:
 
     @app.get("/metrics", responses=METRICS_DOC)
     async def metrics(request: Request) -> Response:
-        """A read: the scheduler's gauges are read as they stand, nothing runs."""
-        registry = state_of(request).metrics.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        """A read: the scheduler's gauges are read as they stand, nothing runs. One
+        of a box's workers answers for the box (:mod:`proxy.api.box`), unless asked
+        for its own (``?scope=worker``)."""
+        state = state_of(request)
+        own = generate_latest(state.metrics.registry)
+        if state.box is not None and request.query_params.get("scope") != "worker":
+            authorization = request.headers.get("authorization")
+            own = await box_metrics(state.box, own, authorization)
+        return Response(own, media_type=CONTENT_TYPE_LATEST)

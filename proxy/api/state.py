@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from proxy.admission import Admission
+from proxy.api.box import Box
 from proxy.api.forward import Forwarder
 from proxy.config import Settings
 from proxy.engines import EngineMonitor
@@ -28,6 +29,7 @@ class EdgeState(Protocol):
     metrics: ProxyMetrics
     shared: SharedBudget | None  # the shared budget of several replicas, if there is one
     replica: str  # this proxy's name in the ledger (and on ``/turn``)
+    box: Box | None  # this proxy is one of a box's worker processes
 
     def batch_store_health(self, now: float) -> dict[str, Any] | None:
         """The batch store's health at monotonic time ``now`` (``/readyz``); None

@@ -94,7 +94,8 @@ def _guarded_store(settings: Settings) -> GuardedStore | None:
             psycopg.InterfaceError,
         )
     elif settings.batch.store == "sqlite" and settings.batch.store_path:
-        backend = SQLiteStore(Path(settings.batch.store_path), time.time)
+        exclusive = settings.replicas.workers == 1  # else the workers share the file
+        backend = SQLiteStore(Path(settings.batch.store_path), time.time, exclusive=exclusive)
         outages = (sqlite3.OperationalError,)
         timeout_s = None  # its calls run on a thread, which cannot be cut short
     else:

@@ -3,9 +3,15 @@ beside it (``<path>.files/``). One connection, used from a worker thread under a
 lock, so the event loop never waits on the disk. The schema is created at
 :meth:`SQLiteStore.open` and versioned with ``PRAGMA user_version``.
 
-One process uses the file, so the job queue's leases are kept in memory (on the
-monotonic clock): the leases are all this process's, and a restart starts with
-none.
+Several processes may share the file (``serve --workers N`` on one box): the job
+queue's leases are in the lines' rows (``claimed_by``, ``lease_until`` in epoch
+seconds, the one clock of the box), taken in ``BEGIN IMMEDIATE`` transactions, so
+a line is leased to one runner at a time, as on PostgreSQL; a job is filled once
+(only while ``validating``), and its result files are written under names of the
+writing process's own before they are renamed into place. A proxy that is the
+file's only user (``exclusive``) drops every lease when it opens it: they were its
+own, from before a restart, and its lines run again at once instead of after
+their lease.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from proxy.batch import store
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA = """
 CREATE TABLE files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -45,7 +51,7 @@ CREATE TABLE batches (
 );
 CREATE TABLE lines (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
-    body TEXT NOT NULL, ok INTEGER, result TEXT,
+    body TEXT NOT NULL, ok INTEGER, result TEXT, claimed_by TEXT, lease_until REAL,
     PRIMARY KEY (batch_id, idx), UNIQUE (batch_id, custom_id)
 );
 CREATE INDEX lines_pending ON lines (batch_id, idx) WHERE result IS NULL;
@@ -59,7 +65,12 @@ MIGRATIONS = {
         "ALTER TABLE batches ADD COLUMN busy_records INTEGER NOT NULL DEFAULT 0; "
         "ALTER TABLE batches ADD COLUMN busy_usable INTEGER NOT NULL DEFAULT 0;"
     ),
+    5: (  # the leases in the file, for several processes (before: in memory)
+        "ALTER TABLE lines ADD COLUMN claimed_by TEXT; "
+        "ALTER TABLE lines ADD COLUMN lease_until REAL;"
+    ),
 }
+DROP_LEASES = "UPDATE lines SET claimed_by = NULL, lease_until = NULL WHERE claimed_by IS NOT NULL"
 BATCH_COLUMNS = store.columns(store.BatchRecord)
 FILE_COLUMNS = store.columns(store.FileRecord)
 
@@ -76,17 +87,35 @@ def _batch(row: Any) -> store.BatchRecord:
     )  # fmt: skip
 
 
-class SQLiteStore:
-    """:class:`~proxy.batch.store.BatchStore` on SQLite. ``now`` gives epoch seconds."""
+def prepare(path: Path) -> None:
+    """Create or migrate the store at ``path`` and drop its leases, as the file's
+    only user: what the parent of several worker processes does before it starts
+    them (so that they never race to migrate, and lines leased before a restart run
+    again at once)."""
+    SQLiteStore(path, lambda: 0.0)._open_sync().close()
 
-    def __init__(self, path: Path, now: Callable[[], float]) -> None:
+
+class SQLiteStore:
+    """:class:`~proxy.batch.store.BatchStore` on SQLite. ``now`` gives epoch seconds
+    for the records' times; ``lease_clock`` the leases' (the box's wall clock, which
+    every process sharing the file reads); ``exclusive``: this process is the file's
+    only user."""
+
+    def __init__(
+        self,
+        path: Path,
+        now: Callable[[], float],
+        *,
+        exclusive: bool = True,
+        lease_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
         self.files_dir = Path(f"{path}.files")
+        self.exclusive = exclusive
         self._now = now
+        self._lease_clock = lease_clock
         self._db: sqlite3.Connection | None = None
         self._lock = anyio.Lock()
-        # (batch_id, idx) -> (owner, lease end on the monotonic clock)
-        self._leases: dict[tuple[str, int], tuple[str, float]] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -110,6 +139,8 @@ class SQLiteStore:
             raise RuntimeError(f"{self.path}: batch store schema {version} is not known")
         for step in range(version + 1, SCHEMA_VERSION + 1) if version else ():
             db.executescript(f"BEGIN; {MIGRATIONS[step]} PRAGMA user_version={step}; COMMIT;")
+        if self.exclusive:
+            db.execute(DROP_LEASES)
         return db
 
     async def open(self) -> None:
@@ -210,6 +241,9 @@ class SQLiteStore:
     async def fill_batch(self, batch_id: str, lines: Iterator[store.LineSpec]) -> store.BatchRecord:
         def fill(db: sqlite3.Connection) -> None:
             with _tx(db):
+                found = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,))
+                if (found.fetchone() or ("",))[0] != "validating":
+                    return  # another process filled it (or it was cancelled meanwhile)
                 db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
                 total = _insert_lines(db, batch_id, lines)
                 db.execute(
@@ -305,37 +339,44 @@ class SQLiteStore:
     async def claim(
         self, batch_id: str, owner: str, limit: int, lease_s: float
     ) -> list[store.PendingLine]:
-        held = sum(1 for b, _ in self._leases if b == batch_id)
+        def claim(db: sqlite3.Connection) -> list[Any]:
+            now = self._lease_clock()
+            with _tx(db):
+                sql = (
+                    "UPDATE lines SET claimed_by = ?, lease_until = ? WHERE batch_id = ? "
+                    "AND idx IN (SELECT idx FROM lines WHERE batch_id = ? AND result IS NULL "
+                    "AND (lease_until IS NULL OR lease_until < ?) ORDER BY idx LIMIT ?) "
+                    "RETURNING idx, custom_id, body"
+                )
+                args = (owner, now + lease_s, batch_id, batch_id, now, limit)
+                return db.execute(sql, args).fetchall()
 
-        def rows(db: sqlite3.Connection) -> list[Any]:
-            sql = (
-                "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? "
-                "AND result IS NULL ORDER BY idx LIMIT ?"
-            )
-            return db.execute(sql, (batch_id, limit + held)).fetchall()
-
-        found, now = await self._run(rows), time.monotonic()
-        free = [r for r in found if self._leases.get((batch_id, r[0]), ("", now - 1))[1] < now]
-        for idx, _, _ in free[:limit]:
-            self._leases[(batch_id, idx)] = (owner, now + lease_s)
-        return [store.PendingLine(i, c, json.loads(b)) for i, c, b in free[:limit]]
-
-    def _owned(self, batch_id: str, owner: str) -> list[tuple[str, int]]:
-        return [k for k, (o, _) in self._leases.items() if k[0] == batch_id and o == owner]
+        rows = sorted(await self._run(claim))
+        return [store.PendingLine(i, c, json.loads(b)) for i, c, b in rows]
 
     async def renew(self, batch_id: str, owner: str, lines: Sequence[int], lease_s: float) -> int:
-        until, renewed = time.monotonic() + lease_s, 0
-        for idx in lines:
-            if self._leases.get((batch_id, idx), ("", 0.0))[0] == owner:
-                self._leases[(batch_id, idx)] = (owner, until)
-                renewed += 1
-        return renewed
+        def renew(db: sqlite3.Connection) -> int:
+            until, renewed = self._lease_clock() + lease_s, 0
+            sql = (
+                "UPDATE lines SET lease_until = ? WHERE batch_id = ? AND idx = ? "
+                "AND claimed_by = ? AND result IS NULL"
+            )
+            with _tx(db):
+                for idx in lines:
+                    renewed += db.execute(sql, (until, batch_id, idx, owner)).rowcount
+            return renewed
+
+        return await self._run(renew)
 
     async def release(self, batch_id: str, owner: str) -> int:
-        mine = self._owned(batch_id, owner)
-        for key in mine:
-            del self._leases[key]
-        return len(mine)
+        def release(db: sqlite3.Connection) -> int:
+            sql = (
+                "UPDATE lines SET claimed_by = NULL, lease_until = NULL "
+                "WHERE batch_id = ? AND claimed_by = ? AND result IS NULL"
+            )
+            return db.execute(sql, (batch_id, owner)).rowcount
+
+        return await self._run(release)
 
     async def record(self, batch_id: str, idx: int, result: store.LineResult) -> bool:
         def record(db: sqlite3.Connection) -> bool:
@@ -350,10 +391,7 @@ class SQLiteStore:
                 db.execute(sql, (batch_id,))
                 return True
 
-        try:
-            return await self._run(record)
-        finally:
-            self._leases.pop((batch_id, idx), None)
+        return await self._run(record)
 
     async def add_progress(self, batch_id: str, progress: store.Progress) -> None:
         def add(db: sqlite3.Connection) -> None:
@@ -370,11 +408,12 @@ class SQLiteStore:
         out_id, err_id = f"file-{batch_id}-output", f"file-{batch_id}-errors"
 
         def finalize(db: sqlite3.Connection) -> None:
-            row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
-            if row is None or row[0] in store.FINAL:
-                return
-            sizes = self._write_results(db, batch_id, out_id, err_id)
-            with _tx(db):
+            with _tx(db):  # the write lock from the check on: one process finalizes
+                row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,))
+                found = row.fetchone()
+                if found is None or found[0] in store.FINAL:
+                    return
+                sizes = self._write_results(db, batch_id, out_id, err_id)
                 for file_id, size in zip((out_id, err_id), sizes, strict=True):
                     db.execute(
                         f"INSERT OR REPLACE INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
@@ -396,7 +435,7 @@ class SQLiteStore:
     ) -> tuple[int, int]:
         """Stream the recorded lines into the two files (written whole, then renamed)."""
         paths = [self.file_path(out_id), self.file_path(err_id)]
-        temps = [p.with_suffix(".tmp") for p in paths]
+        temps = [p.with_suffix(f".{os.getpid()}.tmp") for p in paths]
         with temps[0].open("w") as out, temps[1].open("w") as err:
             sql = "SELECT ok, result FROM lines WHERE batch_id = ? AND result IS NOT NULL "
             for ok, line in db.execute(sql + "ORDER BY idx", (batch_id,)):

@@ -31,6 +31,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from proxy.api.box import Box
 from proxy.config import Settings
 from proxy.process.slow_clients import ClientLimits, http_protocol
 from proxy.server import ProxyState, create_app
@@ -115,12 +116,16 @@ def client_limits(settings: Settings) -> ClientLimits:
 
 
 def run_uvicorn(
-    settings: Settings, log_level: str = "info", sockets: list[socket.socket] | None = None
+    settings: Settings,
+    log_level: str = "info",
+    sockets: list[socket.socket] | None = None,
+    box: Box | None = None,
 ) -> int:
     """Build the app (:func:`~proxy.server.create_app`) and serve it on ``sockets``
     (default: bind ``settings.serving.host``:``settings.serving.port``) until SIGTERM
-    or SIGINT, then drain; 0, or :data:`STARTUP_FAILURE` if the app never started."""
-    app: FastAPI = create_app(settings)
+    or SIGINT, then drain; 0, or :data:`STARTUP_FAILURE` if the app never started.
+    ``box``: this process is one of a box's workers."""
+    app: FastAPI = create_app(settings, box=box)
     gc.set_threshold(*GC_THRESHOLDS)
 
     def on_drain() -> None:

@@ -23,7 +23,11 @@ One Python process relays on one core (docs/overhead.md, "Several cores"). With
 - Each worker is a replica (docs/replicas.md) named ``ID-wI``, ``ID`` being
   ``replica_id`` or the default name (host, parent pid, a random suffix), ``I`` 0 to
   N - 1: the workers share each engine's batch prefill budget through the ledger,
-  which is why ``workers`` above 1 needs ``ledger_dsn`` (:mod:`proxy.config`).
+  PostgreSQL's at ``ledger_dsn`` or, by default, a SQLite file in the data
+  directory (``ledger_path``, :mod:`proxy.replicas.sqlite`): one box needs no
+  database server. The SQLite batch store is shared the same way (its leases in
+  the file, :mod:`proxy.batch.sqlite`); the parent migrates it and drops its old
+  leases before it starts the workers.
 - SIGTERM or SIGINT to the parent: it sends SIGTERM to every worker, each drains
   as one proxy does (:mod:`proxy.process.uvicorn_server`), and the parent exits 0
   once all have exited 0.
@@ -33,8 +37,12 @@ One Python process relays on one core (docs/overhead.md, "Several cores"). With
   instead of a loop of them hidden inside one process; the server then restarts
   as a whole. A worker whose parent dies (``SIGKILL``) is sent SIGTERM by the
   kernel (``PR_SET_PDEATHSIG``), so no orphan keeps the port.
-- ``/metrics``, ``/turn`` and ``/status`` answer from the worker that took the
-  connection: each worker has its own registry and scheduler (docs/overhead.md).
+- ``/turn`` and ``/status`` answer from the worker that took the connection: each
+  worker has its own registry and scheduler (docs/overhead.md). ``/metrics`` answers
+  for the box: the parent binds one Unix socket per worker too, in a private
+  temporary folder it removes at the end, and the worker a scrape lands on adds the
+  others' metrics, asked over those sockets, each sample labelled ``worker``
+  (:mod:`proxy.api.box`).
 """
 
 from __future__ import annotations
@@ -47,11 +55,14 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 from dataclasses import replace
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 
+from proxy.api.box import Box, worker_name
 from proxy.config import Settings
 from proxy.logs import configure_logging
 from proxy.process.uvicorn_server import run_uvicorn
@@ -82,6 +93,27 @@ def bind(settings: Settings) -> socket.socket:
     return sock
 
 
+def bind_worker_sockets(count: int) -> tuple[Path, list[socket.socket]]:
+    """A private folder (mode 0700) and ``count`` listening Unix sockets in it, one
+    per worker (``w0.sock`` ...), inheritable; the parent removes the folder."""
+    folder = Path(tempfile.mkdtemp(prefix="whoseturn-box-"))
+    sockets = []
+    for i in range(count):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(folder / f"{worker_name(i)}.sock"))
+        sock.listen(128)
+        sock.set_inheritable(True)
+        sockets.append(sock)
+    return folder, sockets
+
+
+def remove_folder(folder: Path) -> None:
+    """The sockets' folder and what is in it."""
+    for entry in folder.iterdir():
+        entry.unlink(missing_ok=True)
+    os.rmdir(folder)
+
+
 def run_workers(settings: Settings, log_level: str = "info") -> int:
     """Run ``settings.replicas.workers`` workers on one listening socket until SIGTERM or
     SIGINT, or until one exits; the exit status (0: all drained and exited 0)."""
@@ -92,22 +124,32 @@ def run_workers(settings: Settings, log_level: str = "info") -> int:
             "cannot listen on %s:%d: %s", settings.serving.host, settings.serving.port, exc
         )
         return 1
+    if settings.batch.on and settings.batch.store == "sqlite":
+        from proxy.batch.sqlite import prepare
+
+        prepare(Path(settings.batch.store_path))  # migrated once, no lease left from before
     context = multiprocessing.get_context("spawn")
     workers: list[BaseProcess] = []
-    with sock:
-        for i, replica in enumerate(worker_ids(settings, default_replica_id())):
-            mine = replace(
-                settings, replicas=replace(settings.replicas, replica_id=replica, workers=1)
-            )
-            process = context.Process(
-                target=worker_main,
-                args=(mine, log_level, sock, os.getpid(), i),
-                name=f"whoseturn-w{i}",
-            )
-            process.start()
-            logger.info("worker %d: pid %s, replica %s", i, process.pid, replica)
-            workers.append(process)
-    return _supervise(workers)
+    folder, unix = bind_worker_sockets(settings.replicas.workers)
+    paths = tuple(str(folder / f"{worker_name(i)}.sock") for i in range(len(unix)))
+    try:
+        with sock:
+            for i, replica in enumerate(worker_ids(settings, default_replica_id())):
+                # ``workers`` stays N: a worker knows it shares the box's files
+                mine = replace(settings, replicas=replace(settings.replicas, replica_id=replica))
+                process = context.Process(
+                    target=worker_main,
+                    args=(mine, log_level, [sock, unix[i]], os.getpid(), Box(i, paths)),
+                    name=f"whoseturn-w{i}",
+                )
+                process.start()
+                logger.info("worker %d: pid %s, replica %s", i, process.pid, replica)
+                workers.append(process)
+        for each in unix:
+            each.close()
+        return _supervise(workers)
+    finally:
+        remove_folder(folder)
 
 
 def _supervise(workers: list[BaseProcess]) -> int:
@@ -162,12 +204,13 @@ def _stop_all(workers: list[BaseProcess], early: list[BaseProcess]) -> bool:
 
 
 def worker_main(
-    settings: Settings, log_level: str, sock: socket.socket, parent: int, index: int
+    settings: Settings, log_level: str, sockets: list[socket.socket], parent: int, box: Box
 ) -> None:
-    """One worker process (its target): the proxy on the parent's ``sock``."""
+    """One worker process (its target): the proxy on the parent's ``sockets`` (the
+    shared port and this worker's Unix socket)."""
     _die_with(parent)
-    configure_logging(log_level, tag=f"w{index}")
-    sys.exit(run_uvicorn(settings, log_level, sockets=[sock]))
+    configure_logging(log_level, tag=box.name)
+    sys.exit(run_uvicorn(settings, log_level, sockets=sockets, box=box))
 
 
 def _die_with(parent: int) -> None:

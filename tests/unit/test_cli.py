@@ -368,15 +368,25 @@ def test_the_readme_and_make_sim_run_the_engine_the_examples_use() -> None:
 # --- serve --workers --------------------------------------------------------------------
 
 
-def test_serve_workers_without_a_ledger_stops_at_start_and_says_why(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_serve_workers_without_a_database_share_files_in_the_data_directory(
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("WHOSETURN_LEDGER_DSN", raising=False)
-    assert cli.main(["serve", "--engine", "http://e:1", "--workers", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "workers: 2 worker processes need ledger_dsn" in err
-    assert "2 x B batch tokens in prefill on one engine" in err
+    """``--workers 2`` and nothing else: the workers share each engine's budget in a
+    SQLite ledger and the Batch API's SQLite store, both in the data directory."""
+    seen: list[Settings] = []
+
+    def run(settings: Settings, log_level: str) -> int:
+        seen.append(settings)
+        return 0
+
+    env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    args = serve_args("--engine", "http://e:1", "--workers", "2")
+    assert cli.serve(args, env=env, cwd=tmp_path, run=run) == 0
+    data = tmp_path / "xdg" / "whoseturn"
+    (settings,) = seen
+    assert settings.replicas.workers == 2 and not settings.replicas.ledger_dsn
+    assert settings.replicas.ledger_path == str(data / "ledger.sqlite3")
+    assert settings.batch.on and settings.batch.store_path == str(data / "batch.sqlite3")
 
 
 def test_serve_workers_flag_reaches_the_settings(tmp_path: Path) -> None:
@@ -440,15 +450,8 @@ def test_serve_says_when_the_batch_api_is_off_and_why(
     with caplog.at_level(logging.INFO, logger=cli.__name__):
         env = {"WHOSETURN_BATCH_STORE": "off"}
         cli.serve(serve_args("--engine", "http://e:1"), env=env, cwd=tmp_path, run=Runner())
-        env = {"WHOSETURN_LEDGER_DSN": "postgresql://l@127.0.0.1/w"}
-        args = serve_args("--engine", "http://e:1", "--workers", "2")
-        cli.serve(args, env=env, cwd=tmp_path, run=Runner())
     said = messages(caplog)
     assert "batch API off (batch_store: off); batch_store: sqlite turns it on" in said
-    assert (
-        "batch API off: the SQLite store is for one process and workers is 2; "
-        "batch_store: postgres with batch_dsn turns it on for every worker"
-    ) in said
 
 
 def test_serve_logs_a_postgres_store_without_its_password(

@@ -341,17 +341,25 @@ def test_workers_default_to_one_and_read_the_env(tmp_path: Path) -> None:
     assert load(tmp_path, env).replicas.workers == 3
 
 
-def test_several_workers_without_the_ledger_are_refused_and_told_why() -> None:
+def test_several_workers_without_a_dsn_share_a_ledger_file_in_the_data_dir(
+    tmp_path: Path,
+) -> None:
+    data = {"engines": [URL], "workers": 2, "data_dir": str(tmp_path)}
+    settings = settings_from_dict(data)
+    assert settings.replicas.ledger_path == str(tmp_path / "ledger.sqlite3")
+    assert not settings.replicas.ledger_dsn
+    assert settings_from_dict({**data, "ledger_path": "/l.db"}).replicas.ledger_path == "/l.db"
+    with_dsn = settings_from_dict({**data, "ledger_dsn": DSN}).replicas
+    assert (with_dsn.ledger_dsn, with_dsn.ledger_path) == (DSN, "")
+    alone = settings_from_dict({"engines": [URL], "data_dir": str(tmp_path)})
+    assert alone.replicas.ledger_path == "", "one process shares nothing"
+
+
+def test_a_ledger_in_two_places_is_refused() -> None:
     with pytest.raises(ConfigError) as caught:
-        settings_from_dict({"engines": [URL], "workers": 2})
-    assert caught.value.where == "workers"
-    assert "2 worker processes need ledger_dsn" in caught.value.why
-    assert "own batch prefill budget" in caught.value.why
-    assert "2 x B batch tokens in prefill on one engine" in caught.value.why
-    assert (
-        settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN}).replicas.workers
-        == 2
-    )
+        settings_from_dict({"engines": [URL], "ledger_dsn": DSN, "ledger_path": "/l.db"})
+    assert caught.value.where == "ledger_path"
+    assert "set one of them" in caught.value.why
 
 
 @pytest.mark.parametrize("value", [0, -1])
@@ -360,12 +368,10 @@ def test_workers_must_be_at_least_one(value: int) -> None:
         settings_from_dict({"engines": [URL], "workers": value, "ledger_dsn": DSN})
 
 
-def test_several_workers_cannot_share_the_sqlite_batch_store() -> None:
-    data = {"engines": [URL], "workers": 2, "ledger_dsn": DSN, "batch_store_path": "/tmp/b.db"}
-    with pytest.raises(ConfigError, match="cannot share the SQLite batch store"):
-        settings_from_dict(data)
-    data.update(batch_store="postgres", batch_dsn=DSN)
-    assert settings_from_dict(data).replicas.workers == 2
+def test_several_workers_share_the_sqlite_batch_store() -> None:
+    data = {"engines": [URL], "workers": 2, "batch_store_path": "/tmp/b.db"}
+    settings = settings_from_dict(data)
+    assert settings.batch.on and settings.batch.store_path == "/tmp/b.db"
 
 
 # -- tenants: keys with a policy, secrets from a file or the environment ---------------------
@@ -626,9 +632,10 @@ def test_batch_store_off_turns_the_batch_api_off(tmp_path: Path) -> None:
         assert (s.batch.store, s.batch.store_path, s.batch.on) == ("off", "", False)
 
 
-def test_several_workers_leave_the_default_store_off_rather_than_share_it() -> None:
+def test_several_workers_share_the_default_store(data_home: Path) -> None:
     s = settings_from_dict({"engines": [URL], "workers": 2, "ledger_dsn": DSN})
-    assert (s.batch.store, s.batch.store_path, s.batch.on) == ("sqlite", "", False)
+    default = str(data_home / "whoseturn" / "batch.sqlite3")
+    assert (s.batch.store, s.batch.store_path, s.batch.on) == ("sqlite", default, True)
 
 
 def test_the_tests_default_data_dir_is_a_temporary_one(data_home: Path) -> None:

@@ -24,6 +24,7 @@ CHAT = "/v1/chat/completions"
 SCHEMA = {"type": "json_schema", "json_schema": {"schema": {"required": ["a"]}}}
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
 PROGRESS_COLUMNS = ("busy_s", "busy_records", "busy_usable")  # schema 4
+LEASE_COLUMNS = ("claimed_by", "lease_until")  # schema 5: the leases in the file
 
 
 def jsonl(n: int) -> bytes:
@@ -64,7 +65,7 @@ async def content(store: BatchStore, file_id: str | None) -> str:
 
 async def test_sqlite_schema_is_versioned_and_wal(sqlite_store: SQLiteStore) -> None:
     with sqlite3.connect(sqlite_store.path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -76,6 +77,8 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_jobs(tmp_path: Path) 
     with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 1: no `errors`, `tenant`
         for column in ("errors", "tenant", *PROGRESS_COLUMNS):
             db.execute(f"ALTER TABLE batches DROP COLUMN {column}")
+        for column in LEASE_COLUMNS:  # schema 5's
+            db.execute(f"ALTER TABLE lines DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 1")
     store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
     await store.open()

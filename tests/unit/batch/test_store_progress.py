@@ -20,6 +20,7 @@ from tests.unit.batch.test_runner import CHAT, jsonl
 pytestmark = pytest.mark.anyio
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
 COLUMNS = ("busy_s", "busy_records", "busy_usable")
+LEASE_COLUMNS = ("claimed_by", "lease_until")  # schema 5
 
 
 @pytest.fixture(params=BACKENDS)
@@ -64,11 +65,13 @@ async def test_a_version_3_sqlite_store_gains_the_progress_columns(tmp_path: Pat
     with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 3
         for column in COLUMNS:
             db.execute(f"ALTER TABLE batches DROP COLUMN {column}")
+        for column in LEASE_COLUMNS:  # schema 5's
+            db.execute(f"ALTER TABLE lines DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 3")
     store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
     await store.open()
     with sqlite3.connect(tmp_path / "b.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     kept = await store.get_batch("batch_1")
     assert kept is not None and (kept.total, kept.progress) == (3, Progress(0.0, 0, 0))
     await store.add_progress("batch_1", Progress(2.0, 8, 8))

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
 PROGRESS_COLUMNS = ("busy_s", "busy_records", "busy_usable")  # schema 4
+LEASE_COLUMNS = ("claimed_by", "lease_until")  # schema 5
 
 
 def jsonl(n: int) -> bytes:
@@ -73,11 +74,13 @@ async def test_a_version_2_sqlite_store_gains_the_column_its_jobs_anonymous(
     with sqlite3.connect(tmp_path / "b.db") as db:  # back to schema 2: no `tenant`
         for column in ("tenant", *PROGRESS_COLUMNS):
             db.execute(f"ALTER TABLE batches DROP COLUMN {column}")
+        for column in LEASE_COLUMNS:  # schema 5's
+            db.execute(f"ALTER TABLE lines DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     store = SQLiteStore(tmp_path / "b.db", lambda: 1000.0)
     await store.open()
     with sqlite3.connect(tmp_path / "b.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     old_job = await store.get_batch("batch_old")
     assert old_job is not None and old_job.tenant == ""
     new_job = await store.add_batch(new_batch("batch_new", "team-a"))
