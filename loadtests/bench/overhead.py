@@ -33,7 +33,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadtests.bench.overhead_load import raise_open_files
@@ -266,7 +266,12 @@ class Plan:
 Rows = dict[tuple[str, int, int], dict[str, float]]
 
 
-def run_arms(plan: Plan) -> tuple[Rows, dict[str, dict[str, float]]]:
+def run_arms(plan: Plan) -> Rows:
+    """Every (arm, prompt size, level) of the plan, arms interleaved per level."""
+    return run_plan(replace(plan, one_token=0))[0]
+
+
+def run_plan(plan: Plan) -> tuple[Rows, dict[str, dict[str, float]]]:
     """Every (arm, prompt size, level) of the plan, arms interleaved per level; then,
     by arm, ``plan.one_token`` one-token requests at once (the shortest prompt)."""
     rows: Rows = {}
@@ -401,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     raise_open_files()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    rows, single = run_arms(plan)
+    rows, single = run_plan(plan)
     print(table(plan, rows))
     if single:
         print()

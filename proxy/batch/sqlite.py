@@ -7,11 +7,11 @@ Several processes may share the file (``serve --workers N`` on one box): the job
 queue's leases are in the lines' rows (``claimed_by``, ``lease_until`` in epoch
 seconds, the one clock of the box), taken in ``BEGIN IMMEDIATE`` transactions, so
 a line is leased to one runner at a time, as on PostgreSQL; a job is filled once
-(only while ``validating``), and its result files are written under names of the
-writing process's own before they are renamed into place. A proxy that is the
-file's only user (``exclusive``) drops every lease when it opens it: they were its
-own, from before a restart, and its lines run again at once instead of after
-their lease.
+(only while ``validating``), and it is finalized under the write lock from the
+check of its status to the last write, so two processes never write its files at
+once. A proxy that is the file's only user (``exclusive``) drops every lease when
+it opens it: they were its own, from before a restart, and its lines run again at
+once instead of after their lease.
 """
 
 from __future__ import annotations
@@ -435,7 +435,7 @@ class SQLiteStore:
     ) -> tuple[int, int]:
         """Stream the recorded lines into the two files (written whole, then renamed)."""
         paths = [self.file_path(out_id), self.file_path(err_id)]
-        temps = [p.with_suffix(f".{os.getpid()}.tmp") for p in paths]
+        temps = [p.with_suffix(".tmp") for p in paths]  # written under the write lock
         with temps[0].open("w") as out, temps[1].open("w") as err:
             sql = "SELECT ok, result FROM lines WHERE batch_id = ? AND result IS NOT NULL "
             for ok, line in db.execute(sql + "ORDER BY idx", (batch_id,)):
