@@ -148,7 +148,8 @@ def proxies(
         "ledger_interval_s": plan.ledger_interval_s,
     }
     if not dsn:  # the workers of one box share the SQLite ledger; a lone process nothing
-        shared = {k: v for k, v in shared.items() if k != "ledger_dsn" and workers > 1}
+        del shared["ledger_dsn"]
+        shared = shared if workers > 1 else {}
     with ExitStack() as stack:
         out = []
         for n in range(count):

@@ -155,10 +155,10 @@ class SQLiteLedger:
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
-            self._db = sqlite3.connect(
-                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
-            )
-            self._db.isolation_level = "DEFERRED"  # ``with db:`` is one transaction
+            self._db = sqlite3.connect(  # ``with db:`` is one (deferred) transaction
+                self.path, timeout=self.timeout_s, isolation_level="DEFERRED",
+                check_same_thread=False,
+            )  # fmt: skip
         return self._db
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
