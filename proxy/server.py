@@ -46,6 +46,7 @@ from proxy.admission import Admission
 from proxy.api.box import Box
 from proxy.api.docs import publish_as_written
 from proxy.api.forward import Forwarder
+from proxy.api.front import EdgeApp
 from proxy.api.piece_sender import PieceSender
 from proxy.api.prompts import PromptCounter
 from proxy.api.relay import ReadTimeouts, Services
@@ -411,7 +412,7 @@ def create_app(
     # metrics, and the bridge asks OpenTelemetry for its providers on every request
     # (~5 % of a request's CPU, docs/overhead.md).
     off: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
-    app = FastAPI(title="whoseturn", lifespan=lifespan, telemetry=off)
+    app = EdgeApp(title="whoseturn", lifespan=lifespan, telemetry=off)
     # An upload to the Files API has its own, larger limit (the route checks it too).
     uploads = {
         "/v1/files": max(

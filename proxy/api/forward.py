@@ -66,6 +66,7 @@ from proxy.engines import (
     EngineUnavailable,
     UpstreamError,
     map_stream_error,
+    raw_chunks,
 )
 from proxy.openai.answers import Answer
 from proxy.openai.errors import APIError, engine_failed, engine_unavailable
@@ -343,7 +344,7 @@ class Forwarder:
     async def _first_chunk(self, opened: Opened) -> Opened:
         """``opened`` with its first chunk read, to be relayed after it. A read that
         fails (or times out) is kept too, and raised where the relay reads it."""
-        chunks = opened.response.aiter_raw()
+        chunks = raw_chunks(opened.response)
         limit = self.services.timeouts.first_byte_s
         first: bytes | None = None
         error: Exception | None = None

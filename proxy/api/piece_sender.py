@@ -56,7 +56,7 @@ from proxy.api.sse import SSEReader
 from proxy.api.ticket import Ticket
 from proxy.clock import Clock
 from proxy.config import EngineConfig
-from proxy.engines import EngineClient, EnginePool, UpstreamError
+from proxy.engines import EngineClient, EnginePool, UpstreamError, raw_chunks
 from proxy.metrics import PieceMetrics
 from proxy.openai.answers import cached_tokens
 from proxy.scheduler import Job, TrafficClass
@@ -544,7 +544,7 @@ class PieceSender:
             async with client.stream("/v1/completions", body) as response:
                 started.set()
                 reader = SSEReader()
-                async for chunk in response.aiter_raw():
+                async for chunk in raw_chunks(response):
                     for event in reader.feed(chunk):
                         if event.data is not None and isinstance(event.data.get("usage"), dict):
                             usage = event.data["usage"]

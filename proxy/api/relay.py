@@ -26,7 +26,7 @@ from proxy.api.silence import Silence, fast_checkpoint
 from proxy.api.sse import SSEEvent, SSEReader
 from proxy.api.ticket import Ticket
 from proxy.clock import Clock
-from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout
+from proxy.engines import AnswerWait, EngineStreamBroken, EngineTimeout, raw_chunks
 from proxy.metrics import ProxyMetrics
 from proxy.openai.answers import cached_tokens
 from proxy.scheduler.limits import TenantMeter
@@ -138,7 +138,7 @@ class Relay:
 
     async def _pump(self, deliver: Deliver, silence: Silence) -> None:
         reader = SSEReader()
-        chunks = self._chunks if self._chunks is not None else self.response.aiter_raw()
+        chunks = self._chunks if self._chunks is not None else raw_chunks(self.response)
         checkpoint = fast_checkpoint()
         observe = self._observe
         idle_s = self.services.timeouts.idle_s
@@ -166,14 +166,11 @@ class Relay:
     def _observe(self, event: SSEEvent) -> None:
         stats = self.stats
         stats.events += 1
-        data = event.data
-        if data is None:
-            return
         error = event.error
         if error is not None:
             stats.engine_error = error
-        usage = data.get("usage")
-        if usage:
+        usage = event.usage
+        if usage is not None:
             stats.usage = usage
         if event.has_token:
             self._token(self.services.clock.now())

@@ -21,6 +21,7 @@ from proxy.api.body_limits import BodyLimits
 from proxy.api.box import box_metrics
 from proxy.api.docs import Health, ModelList, Readiness, completion_route_docs, error_responses
 from proxy.api.error_handlers import install_error_handlers
+from proxy.api.front import EdgeApp, completion_endpoint
 from proxy.api.intake import Intake
 from proxy.api.methods import HeadAsGet
 from proxy.api.piece_sender import PieceChoice
@@ -32,11 +33,12 @@ from proxy.scheduler import TrafficClass
 
 
 def install_api(
-    app: FastAPI, settings: Settings, state_of: StateOf, path_limits: Mapping[str, int]
+    app: EdgeApp, settings: Settings, state_of: StateOf, path_limits: Mapping[str, int]
 ) -> None:
     """The edge's middleware, error handlers and routes on ``app``; ``path_limits``
     gives the paths whose bodies may be larger than ``max_body_bytes`` (the Files
-    API's uploads) their own limit."""
+    API's uploads) their own limit. The completion routes are answered in front of
+    FastAPI's stack by the same layers (:mod:`proxy.api.front`)."""
     install_error_handlers(app)
     app.add_middleware(KeyCheck, settings=settings)
     limits = BodyLimits(
@@ -47,6 +49,8 @@ def install_api(
     )
     app.add_middleware(Intake, limits=limits)
     app.add_middleware(HeadAsGet, routes=app.router.routes)  # outermost: HEAD runs as GET
+    endpoint = completion_endpoint(lambda request: state_of(request).forwarder)
+    app.answer_completions_first(Intake(KeyCheck(endpoint, settings=settings), limits))
     _completion_routes(app, state_of)
     _read_routes(app, state_of)
     _turn_routes(app, state_of)
@@ -85,6 +89,9 @@ METRICS_DOC: dict[int | str, dict[str, object]] = {
 
 
 def _completion_routes(app: FastAPI, state_of: StateOf) -> None:
+    """The completion routes in FastAPI's router, for the OpenAPI document and the 405
+    that another method gets; a ``POST`` is answered in front (:mod:`proxy.api.front`)."""
+
     def forward(path: str, cls: TrafficClass) -> None:
         async def handler(request: Request) -> Response:
             return await state_of(request).forwarder.handle(request, path, cls)

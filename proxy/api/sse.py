@@ -9,7 +9,6 @@ token arrive, is this the usage chunk, is it an error).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 Json = dict[str, Any]
@@ -17,20 +16,96 @@ Json = dict[str, Any]
 _TOKEN_KEYS = ("content", "tool_calls", "reasoning", "reasoning_content")
 
 
-@dataclass(frozen=True)
+_UNREAD: Any = object()
+"""An event's ``data`` not parsed yet."""
+
+# What a token's chunk holds, as compact JSON writes it (vLLM's, pydantic's): a key
+# and the first character of its value. In valid JSON ``"key":`` occurs only as a key:
+# a quote inside a string is escaped (``\\"``), and a string cannot be followed by a
+# colon unless it is one. The next character tells an empty value (``""``, ``[]``,
+# ``null``) from one that is not.
+_TOKEN_MARKS = (
+    (b'"content":"', b'"'),
+    (b'"text":"', b'"'),
+    (b'"finish_reason":"', b'"'),
+    (b'"token_ids":[', b"]"),
+    (b'"tool_calls":[', b"]"),
+    (b'"reasoning":"', b'"'),
+    (b'"reasoning_content":"', b'"'),
+)
+# Where one of these is in a payload, it is parsed: the usage chunk, an error, and
+# JSON written with spaces (the marks above would miss its keys).
+_PARSE_MARKS = (b'"usage"', b'"error"', b'": ')
+
+
 class SSEEvent:
-    raw: bytes
-    data: Json | None
-    done: bool
+    """One complete event: ``raw``, its bytes as they came (what is relayed), ``done``
+    (it is ``data: [DONE]``) and ``data`` (its JSON object, None if it has none).
+
+    What the relay asks of every event (:attr:`has_token`, :attr:`usage`,
+    :attr:`error`, :attr:`is_usage_only`) is read from the bytes where they are compact
+    JSON with no usage and no error in them, as each token's chunk from vLLM is: no
+    JSON parse per token (docs/overhead.md, "The hot path"); ``data`` is parsed when
+    it is asked for. Anything else is parsed."""
+
+    __slots__ = ("_data", "_payload", "_plain", "done", "raw")
+
+    def __init__(
+        self, raw: bytes, data: Json | None = None, done: bool = False, payload: bytes = b""
+    ) -> None:
+        self.raw = raw
+        self.done = done
+        self._payload = payload
+        plain = bool(payload) and not any(mark in payload for mark in _PARSE_MARKS)
+        self._plain = plain
+        self._data: Json | None = _UNREAD if plain else data
+        if payload and not plain:
+            self._data = _payload(payload)[0]
+
+    @classmethod
+    def of_payload(cls, raw: bytes, payload: bytes) -> SSEEvent:
+        """The event ``raw`` whose one data line holds ``payload``."""
+        if payload.startswith(b"{"):
+            return cls(raw, payload=payload)
+        data, done = _payload(payload)
+        return cls(raw, data, done)
+
+    @property
+    def data(self) -> Json | None:
+        data = self._data
+        if data is _UNREAD:
+            data = self._data = _payload(self._payload)[0]
+        return data
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SSEEvent):
+            return NotImplemented
+        return (self.raw, self.done, self.data) == (other.raw, other.done, other.data)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SSEEvent(raw={self.raw!r}, done={self.done})"
 
     @property
     def has_token(self) -> bool:
         """Whether the event carries generated output (text, a tool call, or a finish,
         or token ids: vLLM's ``return_token_ids`` sends a chunk for every token, even
         one whose text is held back until a character is whole)."""
-        if self.data is None:
+        if self._plain:
+            payload = self._payload
+            for mark, empty in _TOKEN_MARKS:
+                at = payload.find(mark)
+                while at >= 0:  # every choice's
+                    at += len(mark)
+                    if payload[at : at + 1] != empty:
+                        return True
+                    at = payload.find(mark, at)
             return False
-        for choice in self.data.get("choices") or ():
+        data = self.data
+        if data is None:
+            return False
+        for choice in data.get("choices") or ():
             delta = choice.get("delta") or {}
             if choice.get("text") or choice.get("finish_reason") or choice.get("token_ids"):
                 return True
@@ -39,15 +114,30 @@ class SSEEvent:
         return False
 
     @property
+    def usage(self) -> Json | None:
+        """The usage the event reports, if any."""
+        if self._plain:
+            return None
+        data = self.data
+        usage = data.get("usage") if data is not None else None
+        return usage if isinstance(usage, dict) and usage else None
+
+    @property
     def is_usage_only(self) -> bool:
         """The closing chunk that ``stream_options.include_usage`` adds."""
-        return self.data is not None and not self.data.get("choices") and "usage" in self.data
+        if self._plain:
+            return False
+        data = self.data
+        return data is not None and not data.get("choices") and "usage" in data
 
     @property
     def error(self) -> Json | None:
-        if self.data is None:
+        if self._plain:
             return None
-        err = self.data.get("error")
+        data = self.data
+        if data is None:
+            return None
+        err = data.get("error")
         return err if isinstance(err, dict) else None
 
 
@@ -101,7 +191,7 @@ class SSEReader:
         ):
             # One whole event of one data line, as each of vLLM's chunks is: no
             # buffer, no search for the boundary.
-            return [SSEEvent(chunk, *_payload(chunk[5:-2].lstrip()))]
+            return [SSEEvent.of_payload(chunk, chunk[5:-2].lstrip())]
         self._buffer += chunk
         events: list[SSEEvent] = []
         while True:

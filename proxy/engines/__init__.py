@@ -31,6 +31,7 @@ from proxy.engines._metrics import (
 from proxy.engines._monitor import AnswerWait, EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
 from proxy.engines._prefix_feed import PrefixFeed
+from proxy.engines._transport import raw_chunks
 
 __all__ = [
     "AnswerWait",
@@ -57,5 +58,6 @@ __all__ = [
     "parse_cache_facts",
     "parse_load",
     "parse_prefix_cache_hits",
+    "raw_chunks",
     "resolve_addresses",
 ]

@@ -80,6 +80,11 @@ class EngineClient:
         self.token_cache = TokenCountCache(token_cache_size)
         self._client = client
         self._control_timeout = self._timeout(control_timeout_s)
+        # a streamed request's parts that never change, made once (see _stream_request)
+        self._stream_headers = httpx.Headers(client.headers)
+        self._stream_headers["Content-Type"] = "application/json"
+        self._stream_timeout = client.timeout.as_dict()
+        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:
         return f"EngineClient(name={self.name!r}, url={self.url!r})"
@@ -222,17 +227,12 @@ class EngineClient:
         Raises :class:`EngineUnavailable` if no response began (within
         ``first_byte_timeout_s``, when given) and
         :class:`EngineHTTPError` (with the whole body) on a non-2xx status. The
-        caller reads ``response.aiter_raw()``; httpx errors raised there are its to
-        map with :func:`map_stream_error`. On leaving the block — normally, by an
-        exception or by cancellation — the response is closed at once, so the
-        engine sees the disconnect and aborts the request.
+        caller reads ``raw_chunks(response)`` (or ``response.aiter_raw()``); httpx
+        errors raised there are its to map with :func:`map_stream_error`. On leaving
+        the block — normally, by an exception or by cancellation — the response is
+        closed at once, so the engine sees the disconnect and aborts the request.
         """
-        request = self._client.build_request(
-            "POST",
-            self.url + path,
-            content=json_bytes(body),
-            headers={"Content-Type": "application/json", **(headers or {})},
-        )
+        request = self._stream_request(path, json_bytes(body), headers)
         with anyio.move_on_after(first_byte_timeout_s) as waited:
             response = await self._send(request)
         if waited.cancelled_caught:
@@ -246,6 +246,22 @@ class EngineClient:
             await close_now(response)
 
     # -- plumbing ------------------------------------------------------------------
+
+    def _stream_request(
+        self, path: str, content: bytes, headers: Mapping[str, str] | None
+    ) -> httpx.Request:
+        """The request :meth:`stream` sends: what ``build_request`` would make (the
+        client's headers and timeouts, the engine's URL; the client keeps no cookies
+        and no base URL), from parts made once per engine and path. Every chat and
+        every batch line is one; the merge cost a twentieth of a request's CPU."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.url + path)
+        merged = self._stream_headers.copy()
+        if headers:
+            merged.update(headers)
+        extensions = {"timeout": self._stream_timeout}
+        return httpx.Request("POST", url, headers=merged, content=content, extensions=extensions)
 
     def _timeout(self, limit_s: float) -> httpx.Timeout:
         """``limit_s`` for a control call's every phase but connecting, which the

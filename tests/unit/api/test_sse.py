@@ -159,3 +159,51 @@ def test_sse_error_is_one_openai_error_event() -> None:
         "code": "engine_failed",
     }
     assert json.loads(raw[len(b"data: ") :]) == {"error": e.error}
+
+
+def parsed(raw: bytes) -> SSEEvent:
+    """The event as its parsed JSON says (the spaced form is never read from bytes)."""
+    data = json.loads(raw[5:])
+    (only,) = SSEReader().feed(b"data: " + json.dumps(data).encode() + b"\n\n")
+    return only
+
+
+_TEXT = st.text(alphabet=st.sampled_from(["a", '"', "\\", ":", "{", "[", "]", " ", "é", "\n"]))
+_WORDS = st.sampled_from(
+    ['"content":"x"', '"text":"', '"finish_reason":"stop"', '"usage"', '"error"', "token_ids"]
+)
+_STRINGS = st.one_of(_TEXT, _WORDS, st.just(""), st.none())
+_CHOICE = st.fixed_dictionaries(
+    {"index": st.integers(0, 3)},
+    optional={
+        "delta": st.fixed_dictionaries(
+            {},
+            optional={
+                "role": st.just("assistant"),
+                "content": _STRINGS,
+                "reasoning": _STRINGS,
+                "tool_calls": st.one_of(st.just([]), st.just([{"index": 0, "id": "c"}])),
+            },
+        ),
+        "text": _STRINGS,
+        "finish_reason": st.one_of(st.none(), st.sampled_from(["stop", "length", ""])),
+        "token_ids": st.lists(st.integers(0, 9), max_size=2),
+        "logprobs": st.one_of(st.none(), st.just({"content": [{"token": "a"}]})),
+    },
+)
+
+
+@given(st.lists(_CHOICE, max_size=3), _STRINGS)
+def test_a_compact_chunk_read_from_its_bytes_says_what_its_json_says(
+    choices: list[dict[str, object]], note: str | None
+) -> None:
+    """A token's chunk is read from its bytes (no parse); whatever its strings hold,
+    it says what the parsed JSON says."""
+    raw = sse({"id": "c1", "object": "chat.completion.chunk", "choices": choices, "n": note})
+    (fast,) = SSEReader().feed(raw)
+    slow = parsed(raw)
+    assert fast.has_token == slow.has_token
+    assert fast.usage == slow.usage
+    assert fast.error == slow.error
+    assert fast.is_usage_only == slow.is_usage_only
+    assert fast.data == slow.data
