@@ -72,3 +72,12 @@ class IdSend:
                 headers.append((REQUEST_ID_HEADER, request_id(self.scope).encode("latin-1")))
                 message = {**message, "headers": headers}
         await self.send(message)
+
+
+def body_send(send: Send) -> Send:
+    """Where a response whose head went out may send its body: past ``send``'s
+    :class:`IdSend`, which has nothing more to add (a streamed response sends every
+    event through this one call fewer)."""
+    if isinstance(send, IdSend) and send.started:
+        return send.send
+    return send

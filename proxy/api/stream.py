@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.disconnect import cancelled_on_disconnect
 from proxy.api.relay import Relay
+from proxy.api.request_ids import body_send
 from proxy.api.sse import SSEEvent, sse_error
 from proxy.engines import EngineMonitor, UpstreamError, map_stream_error
 
@@ -81,6 +82,7 @@ class RelayResponse(Response):
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         self.started = True
+        send = body_send(send)
         whole = False
         with cancelled_on_disconnect(receive):
             whole = await self._relay(send)

@@ -31,7 +31,7 @@ from proxy.engines._metrics import (
 from proxy.engines._monitor import AnswerWait, EngineMonitor, EngineStateSink
 from proxy.engines._pool import EnginePool, make_http_client
 from proxy.engines._prefix_feed import PrefixFeed
-from proxy.engines._transport import raw_chunks
+from proxy.engines._transport import PlainHTTPTransport, raw_chunks
 
 __all__ = [
     "AnswerWait",
@@ -49,6 +49,7 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "KVEventSubscriber",
+    "PlainHTTPTransport",
     "PrefixFeed",
     "Resolver",
     "UpstreamError",
