@@ -26,6 +26,7 @@ import importlib.util
 import json
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -67,7 +68,7 @@ async def httpx_own(url: str, body: bytes, streams: int) -> int:
 
 
 async def aiohttp_session(url: str, body: bytes, streams: int) -> int:
-    import aiohttp  # only where installed (see the module docstring)
+    aiohttp: Any = importlib.import_module("aiohttp")  # only where installed (no dependency)
 
     connector = aiohttp.TCPConnector(limit=streams)
     async with aiohttp.ClientSession(connector=connector) as session:
