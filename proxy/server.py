@@ -59,9 +59,11 @@ from proxy.engines import (
     EngineDiscovery,
     EngineMonitor,
     EnginePool,
+    PlainHTTPTransport,
     PrefixFeed,
     Resolver,
     UpstreamError,
+    engine_transport,
     make_http_client,
     resolve_addresses,
 )
@@ -232,8 +234,10 @@ async def build(
 ) -> ProxyState:
     """Every part, wired; nothing runs yet. ``transport`` replaces the network,
     ``resolver`` the DNS and ``ledger`` the shared budget's store (tests)."""
-    http = make_http_client(settings, transport)
-    pool = EnginePool([c for c in settings.engines if not c.by_dns], http)
+    upstream = transport if transport is not None else engine_transport(settings)
+    http = make_http_client(settings, upstream)
+    direct = upstream if isinstance(upstream, PlainHTTPTransport) else None
+    pool = EnginePool([c for c in settings.engines if not c.by_dns], http, direct)
     scheduler = Scheduler(await _engines(settings, pool), clock, _scheduler_settings(settings))
     admission = Admission(scheduler)
     monitor = EngineMonitor(pool, admission, settings)

@@ -152,7 +152,7 @@ class Relay:
                 began = None
             events = reader.feed(chunk)
             for start in range(0, len(events), BATCH):
-                batch = events[start : start + BATCH]
+                batch = events if len(events) <= BATCH else events[start : start + BATCH]
                 for event in batch:
                     observe(event)
                 await deliver(batch)

@@ -33,9 +33,8 @@ _TOKEN_MARKS = (
     (b'"reasoning":"', b'"'),
     (b'"reasoning_content":"', b'"'),
 )
-# Where one of these is in a payload, it is parsed: the usage chunk, an error, and
-# JSON written with spaces (the marks above would miss its keys).
-_PARSE_MARKS = (b'"usage"', b'"error"', b'": ')
+# Where ``"usage"``, ``"error"`` or ``": `` is in a payload, it is parsed: the usage
+# chunk, an error, and JSON written with spaces (the marks above would miss its keys).
 
 
 class SSEEvent:
@@ -56,7 +55,12 @@ class SSEEvent:
         self.raw = raw
         self.done = done
         self._payload = payload
-        plain = bool(payload) and not any(mark in payload for mark in _PARSE_MARKS)
+        plain = (
+            bool(payload)
+            and b'"usage"' not in payload
+            and b'"error"' not in payload
+            and b'": ' not in payload
+        )
         self._plain = plain
         self._data: Json | None = _UNREAD if plain else data
         if payload and not plain:

@@ -29,7 +29,7 @@ from proxy.engines._metrics import (
     parse_prefix_cache_hits,
 )
 from proxy.engines._monitor import AnswerWait, EngineMonitor, EngineStateSink
-from proxy.engines._pool import EnginePool, make_http_client
+from proxy.engines._pool import EnginePool, engine_transport, make_http_client
 from proxy.engines._prefix_feed import PrefixFeed
 from proxy.engines._transport import PlainHTTPTransport, raw_chunks
 
@@ -54,6 +54,7 @@ __all__ = [
     "Resolver",
     "UpstreamError",
     "decode_kv_events",
+    "engine_transport",
     "make_http_client",
     "map_stream_error",
     "parse_cache_facts",

@@ -21,6 +21,19 @@ WRITE_TIMEOUT_S = 30.0
 USER_AGENT = "whoseturn"
 
 
+def engine_transport(settings: Settings) -> PlainHTTPTransport:
+    """The transport under the engines' client (see :func:`make_http_client`)."""
+    connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
+    per_shard = -(-connections // POOL_SHARDS)
+    limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+    tls = httpx.create_ssl_context()  # one for all: each costs loading the CA bundle
+    return PlainHTTPTransport(
+        fallback=ShardedTransport(
+            [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
+        )
+    )
+
+
 def make_http_client(
     settings: Settings, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
@@ -37,21 +50,11 @@ def make_http_client(
     each request in flight that finds none idle (the scheduler's ``max_inflight``
     bounds them) and never waits for one; ``https://`` ones through httpx's own,
     its connections in :data:`POOL_SHARDS` pools (:class:`ShardedTransport`), where
-    waiting for a free connection is queueing, not failure. Unless ``transport`` is
-    given (tests swap it).
+    waiting for a free connection is queueing, not failure (:func:`engine_transport`).
+    Unless ``transport`` is given (tests swap it).
     """
-    connections = max(MIN_CONNECTIONS, 2 * sum(e.max_inflight for e in settings.engines))
-    if transport is None:
-        per_shard = -(-connections // POOL_SHARDS)
-        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
-        tls = httpx.create_ssl_context()  # one for all: each costs loading the CA bundle
-        transport = PlainHTTPTransport(
-            fallback=ShardedTransport(
-                [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(POOL_SHARDS)]
-            )
-        )
     return httpx.AsyncClient(
-        transport=transport,
+        transport=transport if transport is not None else engine_transport(settings),
         timeout=httpx.Timeout(
             connect=settings.upstream.connect_timeout_s, read=None, write=WRITE_TIMEOUT_S, pool=None
         ),
@@ -97,8 +100,16 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 class EnginePool:
     """An :class:`EngineClient` per configured engine, by name in config order."""
 
-    def __init__(self, configs: Sequence[EngineConfig], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        configs: Sequence[EngineConfig],
+        client: httpx.AsyncClient,
+        direct: PlainHTTPTransport | None = None,
+    ) -> None:
+        """``direct``: ``client``'s transport, where it is the plain one (each
+        engine's streamed requests are then written onto it as bytes)."""
         self.client = client
+        self.direct = direct
         self.engines: dict[str, EngineClient] = {}
         for config in configs:
             if config.name in self.engines:
@@ -109,7 +120,8 @@ class EnginePool:
         """The client of the engine ``config`` describes, made once per name."""
         engine = self.engines.get(config.name)
         if engine is None:
-            engine = self.engines[config.name] = EngineClient(config, self.client)
+            engine = EngineClient(config, self.client, direct=self.direct)
+            self.engines[config.name] = engine
         return engine
 
     def remove(self, name: str) -> None:

@@ -89,29 +89,43 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme != "http" or request.method == "HEAD":
             return await self._fallback.handle_async_request(request)
-        timeouts = request.extensions.get("timeout", {})
-        origin = (url.host, url.port or 80)
-        head = _request_head(request)
         try:
             body = request.content
         except httpx.RequestNotRead:
             body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
+        timeouts = request.extensions.get("timeout", {})
+        return await self.exchange(request, _request_head(request) + body, timeouts)
+
+    async def exchange(
+        self, request: httpx.Request, data: bytes, timeouts: dict[str, float | None]
+    ) -> httpx.Response:
+        """Send ``data``, a whole HTTP/1.1 request as bytes, to the origin of
+        ``request`` (an ``http://`` URL, a method other than ``HEAD``), and return the
+        response once its head came: what :meth:`handle_async_request` does with the
+        bytes it makes of a request. ``request`` names the exchange on the response
+        and in errors; ``timeouts`` as httpx's ``timeout`` extension says them.
+        A caller that makes the bytes itself (a streamed chat's, whose head is the
+        same each time: :class:`~proxy.engines.EngineClient`) spares the making of an
+        :class:`httpx.Request` and the client's layers around the send."""
+        url = request.url
+        origin = (url.host, url.port or 80)
         connection = self._idle_connection(origin)
         if connection is not None:
             try:
-                await self._exchange(connection, head + body, timeouts, request)
+                await self._exchange(connection, data, timeouts, request)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 if connection.received:
                     raise
                 connection = None  # the engine closed it as the request came: once more
         if connection is None:
             connection = await self._connect(origin, timeouts.get("connect"), request)
-            await self._exchange(connection, head + body, timeouts, request)
+            await self._exchange(connection, data, timeouts, request)
         stream = _ResponseBody(self, origin, connection, timeouts.get("read"), request)
         return httpx.Response(
             connection.status,
             headers=connection.headers,
             stream=stream,
+            request=request,
             extensions={
                 "http_version": b"HTTP/1.1",
                 "reason_phrase": connection.reason,
@@ -412,8 +426,13 @@ def _resolve(future: asyncio.Future[None] | None) -> None:
 
 
 def _request_head(request: httpx.Request) -> bytes:
+    return request_head_lines(request) + b"\r\n"
+
+
+def request_head_lines(request: httpx.Request) -> bytes:
+    """``request``'s request line and header lines, without the blank line that ends
+    them."""
     target = request.url.raw_path
     lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
     lines += [b"%s: %s\r\n" % pair for pair in request.headers.raw]
-    lines.append(b"\r\n")
     return b"".join(lines)

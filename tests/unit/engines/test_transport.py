@@ -7,6 +7,7 @@ their transports differ in type and timing.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,6 +16,14 @@ import anyio
 import httpx
 import pytest
 
+from proxy.config import EngineConfig, Settings
+from proxy.engines import (
+    EngineClient,
+    EngineUnavailable,
+    engine_transport,
+    make_http_client,
+    raw_chunks,
+)
 from proxy.engines._transport import PlainHTTPTransport
 
 Handler = Callable[["Peer"], Awaitable[None]]
@@ -362,3 +371,62 @@ async def test_https_and_head_go_to_the_fallback() -> None:
         assert (await http.head(server.url + "/health")).status_code == 204
     assert seen == ["GET https://engine.test/health", f"HEAD {server.url}/health"]
     assert server.connections == 0
+
+
+async def answer_events(peer: Peer) -> None:
+    """Answer each request with a short event stream, chunked, as vLLM does."""
+    while await peer.request():
+        events = [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        head += b"transfer-encoding: chunked\r\n\r\n"
+        peer.writer.write(head + b"".join(chunk(e) for e in events) + b"0\r\n\r\n")
+        await peer.writer.drain()
+
+
+@pytest.mark.anyio
+async def test_a_streamed_request_written_as_bytes_is_the_one_httpx_would_send() -> None:
+    """The engine client writes a streamed request onto the plain transport itself
+    (its head made once); the engine gets what the client's own path sends, and the
+    answer reads the same, on one kept connection."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "é" * 3000}]}
+    async with serving(answer_events) as server:
+        config = EngineConfig(url=server.url, name="a")
+        settings = Settings.from_keys(engines=(config,))
+        transport = engine_transport(settings)
+        elsewhere = httpx.MockTransport(lambda request: httpx.Response(599))
+        async with (
+            make_http_client(settings, transport) as http,
+            make_http_client(settings, elsewhere) as other,
+        ):
+            via_httpx = EngineClient(config, http)
+            # its client answers 599: only bytes written onto ``transport`` reach the engine
+            direct = EngineClient(config, other, direct=transport)
+            answers = []
+            for engine in (via_httpx, direct, direct):
+                async with engine.stream("/v1/chat/completions", body) as response:
+                    assert response.status_code == 200
+                    assert response.headers["content-type"] == "text/event-stream"
+                    answers.append(b"".join([c async for c in raw_chunks(response)]))
+    assert answers[0] == answers[1] == answers[2] == b'data: {"n":1}\n\ndata: [DONE]\n\n'
+    assert server.connections == 1  # the direct requests took the connection httpx's left
+    (line, headers, sent), *others = server.requests
+    assert line == b"POST /v1/chat/completions HTTP/1.1"
+    assert json.loads(sent) == body
+    assert headers[b"host"] == f"127.0.0.1:{server.port}".encode()
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"accept-encoding"] == b"identity"
+    assert [(line, headers, sent)] * 2 == others
+
+
+@pytest.mark.anyio
+async def test_a_direct_request_to_a_refused_port_is_the_engines_connect_error() -> None:
+    async with serving(answer_events) as server:
+        port = server.port
+    config = EngineConfig(url=f"http://127.0.0.1:{port}", name="a")
+    settings = Settings.from_keys(engines=(config,))
+    transport = engine_transport(settings)
+    async with make_http_client(settings, transport) as http:
+        engine = EngineClient(config, http, direct=transport)
+        with pytest.raises(EngineUnavailable):
+            async with engine.stream("/v1/chat/completions", {"model": "tiny"}):
+                pass
