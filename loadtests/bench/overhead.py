@@ -12,8 +12,10 @@ stack: :mod:`loadtests.bench.overhead_passthrough`), all in front of the same up
 generator in its own process (:mod:`loadtests.bench.overhead_load`). Per arm and level:
 TTFT and inter-token latency p50/p99 added to direct's, the proxy's CPU per request,
 relayed tokens per CPU second of the proxy's processes, the proxy's RSS growth per
-open stream, errors. Then one-token requests at the largest level (``--one-token``):
-requests per CPU second, the cost of a request alone. Then the scheduler alone
+open stream, errors. Then one-token requests at the largest level (``--one-token``),
+in ``--one-token-rounds`` bursts back to back: requests per CPU second, the cost of a
+request alone, of the first burst (the upstream connections opened anew) and of the
+others (kept open). Then the scheduler alone
 (:mod:`loadtests.bench.overhead_sched`).
 
 Run: ``python -m loadtests.bench.overhead [--levels 1,64,256,1024] [--prompt-chars 1000,100000]
@@ -261,6 +263,7 @@ class Plan:
     arms: tuple[str, ...] = ARMS
     router_venv: Path = ROUTER_VENV
     one_token: int = 1024  # one-token requests at once, after the levels (0: none)
+    one_token_rounds: int = 4  # bursts of them, back to back: the first, then again
 
 
 Rows = dict[tuple[str, int, int], dict[str, float]]
@@ -271,11 +274,18 @@ def run_arms(plan: Plan) -> Rows:
     return run_plan(replace(plan, one_token=0))[0]
 
 
-def run_plan(plan: Plan) -> tuple[Rows, dict[str, dict[str, float]]]:
+Bursts = dict[str, list[dict[str, float]]]
+"""By arm, each burst of one-token requests as :func:`measure` saw it, in order."""
+
+
+def run_plan(plan: Plan) -> tuple[Rows, Bursts]:
     """Every (arm, prompt size, level) of the plan, arms interleaved per level; then,
-    by arm, ``plan.one_token`` one-token requests at once (the shortest prompt)."""
+    by arm, ``plan.one_token_rounds`` bursts of ``plan.one_token`` one-token requests at
+    once (the shortest prompt), back to back. The first burst of an arm opens its
+    upstream connections (those of the levels went idle minutes before and were
+    closed); the next find them open: the cold figure and the warm one."""
     rows: Rows = {}
-    single: dict[str, dict[str, float]] = {}
+    single: Bursts = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overhead-")))
         port = stack.enter_context(upstream_server(plan.tokens, plan.interval_s))
@@ -300,7 +310,9 @@ def run_plan(plan: Plan) -> tuple[Rows, dict[str, dict[str, float]]]:
                         f"  {arm.name} {chars} chars {level} streams done{error}", file=sys.stderr
                     )
         for arm in arms if plan.one_token else ():
-            single[arm.name] = measure(arm, plan.one_token, min(plan.prompt_chars), 1)
+            chars = min(plan.prompt_chars)
+            rounds = max(1, plan.one_token_rounds)
+            single[arm.name] = [measure(arm, plan.one_token, chars, 1) for _ in range(rounds)]
             print(f"  {arm.name} {plan.one_token} one-token requests done", file=sys.stderr)
     return rows, single
 
@@ -356,24 +368,32 @@ def _line(chars: int, level: int, arm: str, row: dict[str, float], base: dict[st
     )
 
 
-def single_table(plan: Plan, single: dict[str, dict[str, float]]) -> str:
-    """One-token requests: each proxy's requests per CPU second and CPU per request."""
+def single_table(plan: Plan, single: Bursts) -> str:
+    """One-token requests: each proxy's requests per CPU second and CPU per request,
+    its first burst and the next ones (their CPU over their requests), side by side."""
     lines = [
         f"{plan.one_token:,} one-token requests at once, {min(plan.prompt_chars):,}-character "
-        "prompts:",
+        f"prompts, {plan.one_token_rounds} bursts back to back (first / the others):",
         "",
-        "| arm | requests per CPU s | CPU ms per request | TTFT p50 / p99 ms | errors |",
+        "| arm | requests per CPU s | CPU ms per request | TTFT p50 ms | errors |",
         "|---|---|---|---|---|",
     ]
-    for arm, row in single.items():
-        cpu = row.get("cpu_s")
-        if not cpu:
+    for arm, bursts in single.items():
+        first, again = bursts[0], bursts[1:]
+        cpu_first = first.get("cpu_s")
+        if not cpu_first:
             continue
-        lines.append(
-            f"| {arm} | {plan.one_token / cpu:,.0f} | {cpu * 1000 / plan.one_token:.2f} "
-            f"| {row['ttft_p50'] * 1000:.1f} / {row['ttft_p99'] * 1000:.1f} "
-            f"| {int(row['errors'])} |"
-        )
+        cpu_again = sum(b.get("cpu_s") or 0.0 for b in again)
+        n_again = plan.one_token * len(again)
+        rate = f"{plan.one_token / cpu_first:,.0f}"
+        per = f"{cpu_first * 1000 / plan.one_token:.2f}"
+        ttft = f"{first['ttft_p50'] * 1000:.1f}"
+        if again and cpu_again:
+            rate += f" / {n_again / cpu_again:,.0f}"
+            per += f" / {cpu_again * 1000 / n_again:.2f}"
+            ttft += " / " + " ".join(f"{b['ttft_p50'] * 1000:.1f}" for b in again)
+        errors = sum(int(b["errors"]) for b in bursts)
+        lines.append(f"| {arm} | {rate} | {per} | {ttft} | {errors} |")
     return "\n".join(lines)
 
 
@@ -395,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         "--one-token", type=int, default=Plan.one_token, metavar="N",
         help="one-token requests at once after the levels (0: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--one-token-rounds", type=int, default=Plan.one_token_rounds, metavar="K",
+        help="bursts of them, back to back: the first (cold connections), then again",
+    )  # fmt: skip
     parser.add_argument("--no-sched", action="store_true", help="skip the scheduler-alone table")
     args = parser.parse_args(argv)
     plan = Plan(
@@ -403,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens=args.tokens,
         arms=args.arms,
         one_token=args.one_token,
+        one_token_rounds=args.one_token_rounds,
     )
     raise_open_files()
     print(f"load average before: {os.getloadavg()[0]:.2f}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.bench.overhead import ARMS, Plan, _router_arm, parse_arms
+from loadtests.bench.overhead import ARMS, Plan, _router_arm, parse_arms, single_table
 from loadtests.bench.overhead_router import router_binary, router_command, router_warnings
 
 
@@ -53,3 +53,19 @@ def test_router_warnings_are_plain_text(tmp_path: Path) -> None:
         "2026-12-02 00:41:50  WARN middleware: queue processor shutting down\n"
     )
     assert router_warnings(log) == ["2026-12-02 00:41:43  WARN worker slow"]
+
+
+def test_the_one_token_table_puts_the_first_burst_beside_the_others() -> None:
+    plan = Plan(one_token=1000, one_token_rounds=3)
+    burst = {"errors": 0.0, "ttft_p50": 0.5}
+    single = {
+        "whoseturn": [
+            {**burst, "cpu_s": 2.0},
+            {**burst, "cpu_s": 1.0, "ttft_p50": 0.25},
+            {**burst, "cpu_s": 0.5, "errors": 2.0},
+        ]
+    }
+    table = single_table(plan, single)
+    assert "3 bursts back to back" in table
+    # 1,000 / 2.0 s cold; 2,000 requests / 1.5 s again
+    assert "| whoseturn | 500 / 1,333 | 2.00 / 0.75 | 500.0 / 250.0 500.0 | 2 |" in table
