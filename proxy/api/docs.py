@@ -227,7 +227,15 @@ TURN_QUERY: Json = {
             "required": False,
             "schema": {"type": "string"},
             "description": "`text`: one sentence per engine, as text; anything else: JSON.",
-        }
+        },
+        {
+            "name": "scope",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "`worker`: one of a box's workers answers for itself only; "
+            "else its answer holds every worker's in `box`.",
+        },
     ]
 }
 TURN_LOG: dict[int | str, Json] = {

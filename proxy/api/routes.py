@@ -76,6 +76,7 @@ def _turn_routes(app: FastAPI, state_of: StateOf) -> None:
         piece_choices,
         ledger_state,
         lambda request: state_of(request).monitor,
+        lambda request: state_of(request).box,
     )
 
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from proxy.admission import Admission
+from proxy.api.box import Box, box_turns
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.piece_sender import PieceChoice
 from proxy.openai.line_ids import job_line
@@ -26,6 +27,23 @@ from proxy.scheduler.budget import BudgetChange
 from proxy.scheduler.fair import WINDOW_S, TenantShare
 from proxy.scheduler.history import DEFAULT_SPAN_S
 from proxy.scheduler.turns import sentence
+
+
+def turn_text(body: dict[str, Any]) -> str:
+    """``/turn`` as text: a sentence per engine, the tenants', the ledger's; in a box,
+    each worker's engines, the worker named."""
+    lines = [sentence(e) for e in body["engines"]]
+    lines += tenant_sentences(body)
+    if "ledger" in body:
+        lines.append(ledger_sentence(body["ledger"]))
+    box = body.get("box")
+    if box:
+        for name, turn in box["workers"].items():
+            if name != box["this_worker"]:
+                lines += [f"[{name}] {sentence(e)}" for e in turn.get("engines", ())]
+        if box["missing"]:
+            lines.append(f"Workers that did not answer: {', '.join(box['missing'])}.")
+    return "\n".join(lines) + "\n"
 
 
 def wants_text(request: Request) -> bool:
@@ -318,12 +336,16 @@ def install_turn_routes(
     choices_of: Callable[[Request, int], Sequence[PieceChoice]] = lambda _, __: (),
     ledger_of: Callable[[Request], dict[str, Any] | None] = lambda _: None,
     watch_of: Callable[[Request], EngineWatch | None] = lambda _: None,
+    box_of: Callable[[Request], Box | None] = lambda _: None,
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
     ``pieces_of(request)`` its engines' piecing facts, if it has any;
     ``replica_of(request)`` its replica name; ``choices_of(request, limit)`` its most
     recent piecing choices; ``ledger_of(request)`` its shared ledger's state, if it
-    has one; ``watch_of(request)`` its engine monitor (why an engine is out)."""
+    has one; ``watch_of(request)`` its engine monitor (why an engine is out);
+    ``box_of(request)`` its box, when it is one of a box's workers: its ``/turn``
+    then holds every worker's (:func:`proxy.api.box.box_turns`), unless asked for its
+    own (``?scope=worker``)."""
 
     @app.get("/turn", response_model=None, responses=TURN, openapi_extra=TURN_QUERY)
     async def turn(request: Request) -> Response:
@@ -334,12 +356,12 @@ def install_turn_routes(
             ledger_of(request),
             watch_of(request),
         )
+        box = box_of(request)
+        if box is not None and request.query_params.get("scope") != "worker":
+            authorization = request.headers.get("authorization")
+            body["box"] = await box_turns(box, dict(body), authorization)
         if wants_text(request):
-            lines = [sentence(e) for e in body["engines"]]
-            lines += tenant_sentences(body)
-            if "ledger" in body:
-                lines.append(ledger_sentence(body["ledger"]))
-            return PlainTextResponse("\n".join(lines) + "\n")
+            return PlainTextResponse(turn_text(body))
         return JSONResponse(body)
 
     @app.get("/turn/log", responses=TURN_LOG)

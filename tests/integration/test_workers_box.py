@@ -6,7 +6,8 @@ The budget is read where it matters, at the engines: each engine's most batch
 prompt tokens in prefill, as the engine itself counts them, never exceeds its
 budget, while both workers send batch work. A batch job submitted to the one port
 runs on both workers' runners (each line leased to one of them) and every line has
-exactly one result; one scrape of ``/metrics`` answers for both workers."""
+exactly one result; one scrape of ``/metrics``, and one ``/turn``, answers for both
+workers."""
 
 from __future__ import annotations
 
@@ -108,6 +109,9 @@ def test_a_batch_job_runs_on_both_workers_and_records_each_line_once(
             output = http.get(f"/v1/files/{job['output_file_id']}/content").text
             box = budget_by_worker(http.get("/metrics").text)  # one scrape, the whole box
             own = budget_by_worker(http.get("/metrics", params={"scope": "worker"}).text)
+            turn = http.get("/turn").json()  # one worker's answer, for the box
+            own_turn = http.get("/turn", params={"scope": "worker"}).json()
+            text = http.get("/turn", params={"format": "text"}).text
     answered = [json.loads(line)["custom_id"] for line in output.splitlines()]
     assert sorted(answered) == sorted(ids), "a line missing, or answered twice"
     assert job["request_counts"]["completed"] == n and job["request_counts"]["failed"] == 0
@@ -119,3 +123,10 @@ def test_a_batch_job_runs_on_both_workers_and_records_each_line_once(
     assert len(runners) == 2, f"one runner ran every line: {runners}"
     assert set(box) == {"w0", "w1"}, box
     assert list(own) == [None], "a worker asked for its own answers for itself alone"
+    assert set(turn["box"]["workers"]) == {"w0", "w1"} and turn["box"]["missing"] == []
+    for name, worker in turn["box"]["workers"].items():
+        assert worker["replica"] == f"t-{name}"
+        assert [e["engine"] for e in worker["engines"]] == ["e0"], worker
+    assert "box" not in own_turn
+    # as text, whichever worker answers: its own engines, then the other worker's, named
+    assert ("[w0] " in text) != ("[w1] " in text), text
