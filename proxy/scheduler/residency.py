@@ -152,9 +152,7 @@ def decide(
         return ResidencyDecision(Move.STAY, model, f"{awake}'s chat is live")
     quiet_for = now - mine.last_chat if mine.last_chat is not None else float("inf")
     if quiet_for < rules.chat_quiet_s:
-        return ResidencyDecision(
-            Move.STAY, model, f"{awake}'s chat was seen {quiet_for:.0f} s ago"
-        )
+        return ResidencyDecision(Move.STAY, model, f"{awake}'s chat was seen {quiet_for:.0f} s ago")
     if awake_for < rules.min_awake_s:
         return ResidencyDecision(Move.STAY, model, f"{awake} woke {awake_for:.0f} s ago")
     if mine.batch_waiting:
