@@ -157,7 +157,8 @@ def run_arm(arm: str, w: CardWorkload, profile: Profile, rules: ResidencyRules) 
     # swap on demand: since when the batch runner's next line has waited, undispatched
     # (None: lines go out as slots free, their model awake)
     line_ready: list[float | None] = [0.0 if batch_left else None]
-    line_s = [0.05]  # estimated card seconds per batch line, learned as lines finish
+    # card seconds per batch line: a guess until 100 lines finished, then learned
+    line_s = [0.25]
     ids = iter(range(10**9))
 
     def send_chat(card: _Card, chat: _Chat) -> None:

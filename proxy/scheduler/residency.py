@@ -21,7 +21,9 @@ given:
    awake at least ``min_awake_s``, and none of its own work waiting.
 3. **Or for its deadline**: batch whose completion window would close before its
    work is done (its estimated card time, the swap, and
-   :attr:`ResidencyRules.deadline_slack_s`) swaps as chat would, chat or not.
+   :attr:`ResidencyRules.deadline_slack_s`) swaps as chat would, chat or not, and
+   keeps the card (chat for the other model waits) until it is ``min_awake_s``
+   ahead of that point again.
 4. A card with nothing awake wakes the model with chat waiting, else the one with
    the earliest batch deadline, else the one with the most work.
 
@@ -33,7 +35,7 @@ caller takes; while it runs the card is ``swapping`` and nothing else is decided
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 __all__ = [
@@ -128,7 +130,12 @@ def decide(
     if not sleeping:
         return ResidencyDecision(Move.STAY, None, f"{awake} has the only work")
     chat_live = mine.chat_waiting > 0 or mine.chat_in_flight > 0
-    # 3. a batch deadline presses: as chat would, chat or not
+    # 3. a batch deadline presses: the awake model keeps the card while its own does
+    # (until it is ``min_awake_s`` ahead: a swap back and forth costs two wakes) ...
+    held = replace(rules, deadline_slack_s=rules.deadline_slack_s + rules.min_awake_s)
+    if mine.batch_waiting and _pressed(mine, 0.0, now, held):
+        return ResidencyDecision(Move.STAY, None, f"{awake}'s batch deadline is near")
+    # ... and a sleeping model's takes it, as chat would, chat or not
     for model in sorted(sleeping, key=lambda m: _deadline(demand[m])):
         wanted = demand[model]
         if wanted.batch_waiting and _pressed(wanted, card.wake_s.get(model, 0.0), now, rules):

@@ -124,3 +124,14 @@ def _demand(
             last_chat=now if queued or in_flight else None,
         )
     return out
+
+
+def test_a_model_woken_for_its_deadline_keeps_the_card_until_it_is_ahead_again() -> None:
+    chat_a = Demand(chat_waiting=3, chat_oldest=9000.0, last_chat=9000.0)
+    # b awake for its deadline: 600 s of work left, due at 10,000, slack 300 + 60
+    pressed = Demand(batch_waiting=100, batch_work_s=600.0, batch_deadline=10_000.0)
+    held = decide(card(awake="b", since=9000.0), {"a": chat_a, "b": pressed}, 9100.0, RULES)
+    assert held.move is Move.STAY and "deadline" in held.reason
+    ahead = Demand(batch_waiting=10, batch_work_s=60.0, batch_deadline=10_000.0)
+    back = decide(card(awake="b", since=9000.0), {"a": chat_a, "b": ahead}, 9100.0, RULES)
+    assert back.move is Move.SWAP and back.target == "a"
