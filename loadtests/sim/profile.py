@@ -62,12 +62,31 @@ class EngineDefaults:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Activation:
+    """How long vLLM's sleep mode takes on the profile's card, in seconds: level 1
+    offloads the weights to CPU memory and drops the KV cache (waking copies them
+    back); level 2 drops both (waking loads the weights again)."""
+
+    sleep_level1_s: float = 0.5
+    wake_level1_s: float = 1.0
+    sleep_level2_s: float = 0.2
+    wake_level2_s: float = 5.0
+
+    def sleep_s(self, level: int) -> float:
+        return self.sleep_level1_s if level == 1 else self.sleep_level2_s
+
+    def wake_s(self, level: int) -> float:
+        return self.wake_level1_s if level == 1 else self.wake_level2_s
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
     model: str
     description: str
     step: StepCost
     engine: EngineDefaults = field(default_factory=EngineDefaults)
+    activation: Activation = field(default_factory=Activation)
 
 
 def _build(cls: type[Any], data: Any, where: str) -> Any:
@@ -90,6 +109,11 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
     body = dict(data)
     step = _build(StepCost, body.pop("step", None), f"{where}: step")
     engine = _build(EngineDefaults, body.pop("engine", {}), f"{where}: engine")
+    activation = _build(Activation, body.pop("activation", {}), f"{where}: activation")
+    for key, value in vars(activation).items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            raise ProfileError(f"{where}: activation.{key} must be a non-negative number")
     for key, value in vars(step).items():
         # bool is an int, and YAML reads .nan and .inf as floats: none is a cost.
         number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -102,7 +126,8 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ProfileError(f"{where}: engine.{key} must be a positive integer")
-    profile: Profile = _build(Profile, {**body, "step": step, "engine": engine}, where)
+    parts = {"step": step, "engine": engine, "activation": activation}
+    profile: Profile = _build(Profile, {**body, **parts}, where)
     return profile
 
 

@@ -42,6 +42,7 @@ from loadtests.sim.server.responses import (
     ResponseMeta,
     random_request_id,
 )
+from loadtests.sim.server.sleep import SleepMode, install_sleep_routes
 from loadtests.sim.server.streaming import (
     EventStreamResponse,
     answer_text,
@@ -71,6 +72,7 @@ class SimState:
     driver_task: asyncio.Task[None] | None = None
     request_log: RequestLog | None = None
     kv_events: EventPublisher | None = None
+    sleep: SleepMode | None = None
 
     @classmethod
     def build(cls, settings: SimSettings) -> SimState:
@@ -80,7 +82,8 @@ class SimState:
         metrics = SimMetrics(settings.served_model_name, settings.scheduler)
         metrics.update_gauges(engine)
         driver = StepDriver(engine, clock, metrics)
-        return cls(settings, clock, engine, metrics, driver, kv_events=kv_events)
+        sleep = SleepMode(engine, clock, settings.profile.activation)
+        return cls(settings, clock, engine, metrics, driver, kv_events=kv_events, sleep=sleep)
 
     @property
     def model(self) -> str:
@@ -98,6 +101,12 @@ def _state(request: Request) -> SimState:
 
 
 State = Annotated[SimState, Depends(_state)]
+
+
+def _sleep_mode(request: Request) -> SleepMode:
+    mode = _state(request).sleep
+    assert mode is not None
+    return mode
 
 
 # -- generation ----------------------------------------------------------------
@@ -129,6 +138,8 @@ async def _generate(
 ) -> Response:
     """Run one request in the engine and answer it, streamed or whole; the answer's
     id is ``ID_PREFIX-`` and the request id (the caller's, or a fresh one)."""
+    if state.sleep is not None:
+        state.sleep.check_serving()
     base_id = _base_request_id(request, body)
     renderer = render_with(ResponseMeta(id=f"{id_prefix}-{base_id}", model=state.model))
     inputs = engine_input(body, prompt_ids, state.settings.scheduler)
@@ -254,6 +265,7 @@ def create_sim_app(settings: SimSettings) -> FastAPI:
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    install_sleep_routes(app, _sleep_mode)
     return app
 
 
