@@ -23,7 +23,7 @@ from proxy.batch.view import deadlines
 from proxy.metrics import BatchMetrics, Deadline
 from proxy.openai.answers import Answer
 from proxy.openai.request import ChatRequest
-from tests.unit.batch.test_runner import CHAT, OK, jsonl
+from tests.unit.batch.test_runner import CHAT, OK, jsonl, upload
 
 pytestmark = pytest.mark.anyio
 START = 1000.0
@@ -136,7 +136,11 @@ async def test_a_models_rate_does_not_count_the_time_between_its_jobs(
             group.start_soon(runner.run)
             await until(a_done)
             clock.now += 200.0
-            await new_job(store, "batch_b", 20)
+            # as the API submits a job while a runner polls: the runner reads the input
+            # file in itself (filling it here too raced the runner's own validation,
+            # which found no file and failed the job)
+            file_id = await upload(store, tmp_path, jsonl(20))
+            await store.add_batch(NewBatch("batch_b", CHAT, file_id, "24h", 86400, None))
             await engine.hanging.wait()  # b's first line in flight at 1210
             estimate = runner.estimate(await found(store, "batch_b"))
             group.cancel_scope.cancel()
