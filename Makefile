@@ -93,6 +93,7 @@ check: lint test
 VLLM_VENV   := .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.installed
 MODEL_DIR   := .cache/tiny-model
+MODEL2_DIR  := .cache/tiny-model-2l
 MODEL_STAMP := $(MODEL_DIR)/.built-$(shell sha256sum e2e/build_tiny_model.py 2>/dev/null | cut -c1-16)
 
 $(VLLM_STAMP): e2e/requirements.txt
@@ -103,7 +104,8 @@ $(VLLM_STAMP): e2e/requirements.txt
 	touch $@
 
 $(MODEL_STAMP): | $(VLLM_STAMP)
-	rm -rf $(MODEL_DIR)
+	rm -rf $(MODEL_DIR) $(MODEL2_DIR)
+	$(VLLM_VENV)/bin/python e2e/build_tiny_model.py $(MODEL2_DIR) 2
 	$(VLLM_VENV)/bin/python e2e/build_tiny_model.py $(MODEL_DIR)
 	touch $@
 
@@ -113,7 +115,7 @@ tiny-model: $(MODEL_STAMP)
 
 test-e2e: $(STAMP) $(MODEL_STAMP) $(ROUTER_STAMP)
 	WHOSETURN_E2E_VLLM_PYTHON=$(VLLM_VENV)/bin/python WHOSETURN_E2E_MODEL=$(MODEL_DIR) \
-	  $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
+	  WHOSETURN_E2E_MODEL_2L=$(MODEL2_DIR) $(BIN)/pytest tests/e2e -p no:cacheprovider --durations=0
 
 # The image tier (tests/docker): builds the Dockerfile on a local Docker engine and runs
 # it. No registry is needed: the base image is made from Debian's packages (debootstrap)

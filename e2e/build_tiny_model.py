@@ -1,7 +1,9 @@
 """Build the e2e tier's small Llama model, deterministically and without downloads.
 
-Usage: ``.venv-vllm/bin/python e2e/build_tiny_model.py OUT_DIR`` (``make tiny-model``
-runs it once into ``.cache/tiny-model``; it needs ``tokenizers``, ``transformers`` and
+Usage: ``.venv-vllm/bin/python e2e/build_tiny_model.py OUT_DIR [LAYERS]``
+(``make tiny-model`` runs it once into ``.cache/tiny-model``, and with 2 layers into
+``.cache/tiny-model-2l``: a second model of another size, for two models on one
+card; it needs ``tokenizers``, ``transformers`` and
 ``torch``, which live in ``.venv-vllm``, never in the proxy's venv).
 
 What comes out (``shared/notes/vllm-cpu.md`` has the reasons):
@@ -82,7 +84,7 @@ def build_tokenizer(out: Path) -> int:
     return len(fast)
 
 
-def build_model(out: Path, vocab_size: int) -> int:
+def build_model(out: Path, vocab_size: int, layers: int = 4) -> int:
     """Save the random-weight model; returns its parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -90,7 +92,7 @@ def build_model(out: Path, vocab_size: int) -> int:
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=512,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,
         intermediate_size=1536,
@@ -116,13 +118,13 @@ def digest(out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) not in (1, 2) or (len(argv) == 2 and not argv[1].isdigit()):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out)
-    params = build_model(out, vocab)
+    params = build_model(out, vocab, int(argv[1]) if len(argv) == 2 else 4)
     print(f"{out}: vocab {vocab}, {params / 1e6:.1f}M parameters, sha256 {digest(out)}")
     return 0
 

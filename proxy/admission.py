@@ -37,6 +37,7 @@ from proxy.scheduler.fair import TenantShare
 from proxy.scheduler.history import Second
 from proxy.scheduler.pieces import ChatSigns, pieces_in_prefill
 from proxy.scheduler.prefix import KVEvent
+from proxy.scheduler.residency import Demand
 from proxy.scheduler.turns import turn_report
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,18 @@ class Admitted:
     attempt: int
     dispatched_at: float
     queued_s: float  # how long the job waited in the proxy before this dispatch
+    # of which, waiting for its model to be woken on a card (it arrived while none of
+    # its engines was awake); 0.0 for the rest
+    activation_s: float = 0.0
 
     @classmethod
     def of(cls, dispatch: Dispatch) -> Admitted:
         job = dispatch.job
+        queued = dispatch.at - job.arrival
         return cls(
-            job.id, dispatch.engine, dispatch.attempt, dispatch.at, dispatch.at - job.arrival
-        )
+            job.id, dispatch.engine, dispatch.attempt, dispatch.at, queued,
+            queued if job.for_wake else 0.0,
+        )  # fmt: skip
 
 
 class Closed(Exception):
@@ -72,6 +78,9 @@ class Admission:
         self.on_release: Callable[[], None] | None = None  # work left prefill or ended
         # the edge cancels an aborted job's upstream request; False if it cannot now
         self.on_abort: Callable[[Abort], bool] | None = None
+        # a job queued for a model whose engines are all at rest on a card (its keeper
+        # decides at once rather than at its next step)
+        self.on_wake_wanted: Callable[[str], None] | None = None
 
     def _released(self) -> None:
         if self.on_release is not None:
@@ -102,6 +111,8 @@ class Admission:
         try:
             if new is not None:
                 self._scheduler.submit(new)
+                if new.for_wake and self.on_wake_wanted is not None:
+                    self.on_wake_wanted(new.model)
             self.pump()
             return await future
         except BaseException:
@@ -200,6 +211,11 @@ class Admission:
         self._scheduler.set_engine_up(name, up)
         self.pump()
 
+    def set_engine_resting(self, name: str, resting: str) -> None:
+        """Engine ``name`` on a card is awake (``""``) or at rest (see the scheduler's)."""
+        self._scheduler.set_engine_resting(name, resting)
+        self.pump()
+
     def observe_load(self, name: str, load: EngineLoad) -> None:
         self._scheduler.observe_load(name, load)
         self.pump()
@@ -286,6 +302,18 @@ class Admission:
     def engines_for(self, model: str) -> list[str]:
         """Every engine serving ``model``, up or not, in configuration order."""
         return self._scheduler.engines_for(model)
+
+    def resting_for(self, model: str) -> list[str]:
+        """The engines of ``model`` at rest on a card (its work waits for a wake)."""
+        return self._scheduler.resting_for(model)
+
+    def demand(self, model: str) -> Demand:
+        """``model``'s work as a card's rule reads it (the batch side not included)."""
+        return self._scheduler.demand(model)
+
+    def in_flight(self, name: str) -> int:
+        """Jobs in flight on engine ``name``."""
+        return self._scheduler.in_flight(name)
 
     def engines_without_models(self) -> list[str]:
         return self._scheduler.engines_without_models()

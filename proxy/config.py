@@ -61,6 +61,11 @@ in the sections ``whoseturn.example.yaml`` groups them in (``batch_store_path`` 
         budget: {initial_tokens: 8192, min_tokens: 512, max_tokens: 65536}
         piecing: auto             # off / on: prefill long batch prompts in pieces
         piece_tokens: 512         # the first piece's size (docs/scheduling.md)
+        card: gpu0                # on a card shared with other engines' models, taking
+        footprint_gib: 40         # this much of its memory awake, woken by vLLM's sleep
+        activation: {sleep_level: 1}  # mode or {start: CMD, stop: CMD} (a process)
+    cards:                        # what does not fit awake together takes turns
+      - {name: gpu0, memory_gib: 80, min_awake_s: 60, chat_quiet_s: 30}
 
 Environment: ``WHOSETURN_CONFIG``, ``WHOSETURN_HOST``, ``WHOSETURN_PORT``,
 ``WHOSETURN_ENGINES`` (comma-separated URLs), ``WHOSETURN_TTFT_TARGET_S``,
@@ -217,6 +222,58 @@ BUDGET_FILE_KEYS = ("initial_tokens", "min_tokens", "max_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
+class Activation:
+    """How an engine on a card is woken and put to sleep: vLLM's sleep mode
+    (``sleep_level`` 1: the weights kept in CPU memory, or 2: dropped; the engine
+    started with ``--enable-sleep-mode``), or commands (``start``, run in the
+    background: the engine is awake once its health check passes; ``stop``, run to
+    its end; without one the process ``start`` began is terminated). Commands run
+    with ``sh -c``; the way that works on any machine, a CPU-only one too."""
+
+    sleep_level: int = 0
+    start: str = ""
+    stop: str = ""
+    wake_s: float = 30.0  # the wake's expected length until one is measured
+
+    @property
+    def by_command(self) -> bool:
+        return bool(self.start)
+
+    def __post_init__(self) -> None:
+        _checks(
+            (
+                (self.sleep_level in (1, 2)) != bool(self.start),
+                "",
+                "expected sleep_level (1 or 2) or a start command, one of them",
+            ),
+            (not self.stop or bool(self.start), "stop", "only goes with a start command"),
+            (self.wake_s > 0, "wake_s", "must be positive"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardConfig:
+    """An accelerator's memory (or a machine's) that several engines' models share:
+    what does not fit awake together takes turns, by the rule of
+    :mod:`proxy.scheduler.residency` (``min_awake_s``, ``chat_quiet_s``,
+    ``deadline_slack_s``)."""
+
+    name: str
+    memory_gib: float
+    min_awake_s: float = 60.0
+    chat_quiet_s: float = 30.0
+    deadline_slack_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _checks(
+            (self.memory_gib > 0, "memory_gib", "must be positive"),
+            (self.min_awake_s >= 0, "min_awake_s", "must not be negative"),
+            (self.chat_quiet_s >= 0, "chat_quiet_s", "must not be negative"),
+            (self.deadline_slack_s >= 0, "deadline_slack_s", "must not be negative"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """One engine: where it is and how the scheduler treats it.
 
@@ -238,6 +295,10 @@ class EngineConfig:
       endpoint, asked for what a gap lost. Without them the index is kept from
       what was routed there (docs/fleet.md).
 
+    - ``card``: the card (:class:`CardConfig`) the engine's model lives on with
+      others, taking ``footprint_gib`` of its memory when awake, woken and put to
+      sleep by ``activation`` (docs/scheduling.md, several models on one card).
+
     A ``url`` of the form ``dns+http://HOST:PORT`` (or ``dns+https://``) is not one
     engine but a group found by DNS: ``HOST`` is resolved every ``dns_interval_s``
     and each address ``A`` becomes an engine named ``NAME-A`` at
@@ -257,9 +318,13 @@ class EngineConfig:
     piece_tokens: int = 512
     kv_events: str = ""
     kv_events_replay: str = ""
+    card: str = ""
+    footprint_gib: float = 0.0
+    activation: Activation | None = None
 
     def __post_init__(self) -> None:
         _checks(
+            (self.footprint_gib >= 0, "footprint_gib", "must not be negative"),
             (self.piecing in ("off", "on", "auto"), "piecing", "expected off, on or auto"),
             (self.piece_tokens >= 1, "piece_tokens", "must be at least 1"),
             (
@@ -570,6 +635,7 @@ class Settings:
     :meth:`from_keys` builds the sections from those, :meth:`keys` gives them back."""
 
     engines: tuple[EngineConfig, ...]
+    cards: tuple[CardConfig, ...] = ()
     serving: ServingSettings = field(default_factory=ServingSettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     edge: EdgeSettings = field(default_factory=EdgeSettings)
@@ -579,7 +645,9 @@ class Settings:
     batch: BatchSettings = field(default_factory=BatchSettings)
 
     @classmethod
-    def from_keys(cls, engines: Collection[EngineConfig], **keys: Any) -> Settings:
+    def from_keys(
+        cls, engines: Collection[EngineConfig], cards: Collection[CardConfig] = (), **keys: Any
+    ) -> Settings:
         """The settings from the file's flat keys (unchecked: see :func:`settings_from_dict`)."""
         sections = {}
         for name, section in _SECTIONS.items():
@@ -587,7 +655,7 @@ class Settings:
             sections[name] = section(**{names[k]: keys.pop(k) for k in list(keys) if k in names})
         if keys:
             raise TypeError(f"unknown settings {sorted(keys)}")
-        return cls(engines=tuple(engines), **sections)
+        return cls(engines=tuple(engines), cards=tuple(cards), **sections)
 
     def keys(self) -> dict[str, Any]:
         """Every setting but the engines, by its key in the file."""
@@ -603,7 +671,7 @@ def _file_keys(section: type[Any]) -> dict[str, str]:
     return {section.PREFIX + f.name: f.name for f in dataclasses.fields(section)}
 
 
-FILE_KEYS = ("engines", *(k for s in _SECTIONS.values() for k in _file_keys(s)))
+FILE_KEYS = ("engines", "cards", *(k for s in _SECTIONS.values() for k in _file_keys(s)))
 
 
 def _known(names: Collection[str], data: Mapping[str, Any], where: str) -> None:
@@ -708,6 +776,11 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
     )
     with problems.gather():
         budget = _budget(body.pop("budget", {}) or {}, where, targets)
+    activation = None
+    if body.get("activation") is not None:
+        with problems.gather():
+            activation = _activation(body["activation"], f"{where}.activation")
+    body.pop("activation", None)
     models = body.pop("models", ()) or ()
     if not (isinstance(models, list | tuple) and all(isinstance(m, str) for m in models)):
         problems.add(f"{where}.models", "expected a list of model names")
@@ -718,10 +791,119 @@ def _engine(data: Any, index: int, targets: Mapping[str, float]) -> EngineConfig
     typed = _typed(EngineConfig, body, f"{where}.", "", problems)
     engine = None
     with problems.gather(), _under(where):
-        engine = EngineConfig(**typed, models=tuple(models), budget=budget)
+        engine = EngineConfig(**typed, models=tuple(models), budget=budget, activation=activation)
     problems.raise_any()
     assert engine is not None
     return engine
+
+
+ACTIVATION_KEYS = ("sleep_level", "start", "stop", "wake_s")
+CARD_KEYS = ("name", "memory_gib", "min_awake_s", "chat_quiet_s", "deadline_slack_s")
+
+
+def _activation(data: Any, where: str) -> Activation:
+    _check(isinstance(data, Mapping), where, "expected a mapping: {sleep_level: 1} or {start: CMD}")
+    problems = _Problems()
+    with problems.gather():
+        _known(ACTIVATION_KEYS, data, where)
+    typed = _typed(Activation, {k: v for k, v in data.items() if k in ACTIVATION_KEYS},
+                   f"{where}.", "", problems)  # fmt: skip
+    problems.raise_any()
+    with _under(where):
+        return Activation(**typed)
+
+
+def _cards(data: Any) -> tuple[CardConfig, ...]:
+    cards = data or []
+    _check(isinstance(cards, list | tuple), "cards", "expected a list")
+    problems = _Problems()
+    parsed: list[CardConfig] = []
+    for index, entry in enumerate(cards):
+        where = f"cards[{index}]"
+        if not isinstance(entry, Mapping):
+            problems.add(where, "expected a mapping with name and memory_gib")
+            continue
+        with problems.gather():
+            _known(CARD_KEYS, entry, where)
+        body = {k: v for k, v in entry.items() if k in CARD_KEYS}
+        if not isinstance(body.get("name"), str) or not body.get("name"):
+            problems.add(f"{where}.name", "expected the card's name")
+            continue
+        if "memory_gib" not in body:
+            problems.add(f"{where}.memory_gib", "expected the card's memory in GiB")
+            continue
+        typed = _typed(CardConfig, body, f"{where}.", "", problems)
+        with problems.gather(), _under(where):
+            parsed.append(CardConfig(**typed))
+    names = [c.name for c in parsed]
+    if len(set(names)) != len(names):
+        problems.add("cards", f"names must be unique, got {names}")
+    problems.raise_any()
+    return tuple(parsed)
+
+
+def _check_cards(settings: Settings) -> None:
+    """Each engine on a card: the card exists, its model is named (an engine asleep
+    cannot be asked), it says how it is woken, and it fits in the card's memory;
+    a card is kept by one proxy process (two would swap against each other)."""
+    cards = {c.name: c for c in settings.cards}
+    rules: list[Rule] = []
+    for i, e in enumerate(settings.engines):
+        where = f"engines[{i}]"
+        if not e.card:
+            rules.append((e.activation is None, f"{where}.activation", "only goes with card"))
+            continue
+        card = cards.get(e.card)
+        rules.append((card is not None, f"{where}.card", f"no card named {e.card!r} in cards"))
+        rules.append(
+            (not e.by_dns, f"{where}.url", "an engine on a card is one engine, not a DNS group")
+        )
+        rules.append(
+            (len(e.models) == 1, f"{where}.models", "an engine on a card names its one model")
+        )
+        rules.append(
+            (
+                e.activation is not None,
+                f"{where}.activation",
+                "an engine on a card says how it is woken: {sleep_level: 1} or {start: CMD}",
+            )
+        )
+        rules.append(
+            (
+                e.footprint_gib > 0,
+                f"{where}.footprint_gib",
+                "an engine on a card states the memory its model takes awake",
+            )
+        )
+        if card is not None and e.footprint_gib > card.memory_gib:
+            rules.append(
+                (
+                    False,
+                    f"{where}.footprint_gib",
+                    f"{e.footprint_gib:g} GiB fits on no card: "
+                    f"card {card.name} has {card.memory_gib:g} GiB",
+                )
+            )
+    for card in settings.cards:
+        on = [e for e in settings.engines if e.card == card.name]
+        rules.append((len(on) >= 1, "cards", f"card {card.name} holds no engine"))
+        models = [m for e in on for m in e.models]
+        rules.append(
+            (
+                len(set(models)) == len(models),
+                "cards",
+                f"card {card.name} holds a model twice: {models}",
+            )
+        )
+    several = settings.replicas.workers > 1 or bool(settings.replicas.ledger_dsn)
+    rules.append(
+        (
+            not (settings.cards and several),
+            "cards",
+            "a card is kept by one proxy process: not with workers above 1 or ledger_dsn",
+        )
+    )
+    _checks(*rules)
 
 
 TARGET_KEYS = ("ttft_target_s", "gap_target_s")
@@ -942,6 +1124,9 @@ def settings_from_dict(data: Mapping[str, Any], env: Mapping[str, str] | None = 
     engines: tuple[EngineConfig, ...] = ()
     with problems.gather():
         engines = _engines(body.pop("engines", None), targets)
+    cards: tuple[CardConfig, ...] = ()
+    with problems.gather():
+        cards = _cards(body.pop("cards", None))
     override = body.pop("class_override", None)
     with problems.gather():
         body["class_override"] = _class_override(override)
@@ -951,8 +1136,10 @@ def settings_from_dict(data: Mapping[str, Any], env: Mapping[str, str] | None = 
     for section in _SECTIONS.values():
         body = _typed(section, body, "", section.PREFIX, problems)
     _data_dir(body, env)
-    settings = Settings.from_keys(engines, **body)
-    for check in (_check_serving, _check_upstream, _check_edge, _check_sharing, _check_batch):
+    settings = Settings.from_keys(engines, cards, **body)
+    checks = (_check_serving, _check_upstream, _check_edge, _check_sharing, _check_batch,
+              _check_cards)  # fmt: skip
+    for check in checks:
         with problems.gather():
             check(settings)
     with problems.gather():

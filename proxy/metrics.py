@@ -346,6 +346,93 @@ class PieceMetrics:
             self.fallbacks.labels(name, reason)
 
 
+class CardReads(Protocol):
+    """What the card gauges read at scrape time (:class:`proxy.cards.CardKeeper`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def awake_by_model(self) -> Mapping[str, tuple[str, bool]]:
+        """Each model on the card: its engine, and whether it serves now."""
+        ...
+
+    @property
+    def swapping(self) -> bool: ...
+
+
+SWAP_STEPS = ("sleep", "wake")
+SWAP_WHYS = ("nothing_awake", "deadline", "chat", "chat_turn", "batch_window")
+SWAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+
+class CardMetrics(Collector):
+    """Several models on one card (docs/scheduling.md): which is awake, the swaps,
+    their steps' durations, and the requests' waits for a wake. Exported once a
+    card is configured (:meth:`attach`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._cards: list[CardReads] = []
+        registry.register(self)
+        self.swaps = Counter(
+            "whoseturn_model_swaps",
+            "Swaps on a card, by the model woken and what for",
+            ["card", "model", "why"],
+            registry=None,
+        )
+        self.failures = Counter(
+            "whoseturn_model_swap_failures",
+            "Swaps on a card that failed (the model could not be put to sleep or woken)",
+            ["card", "model"],
+            registry=None,
+        )
+        self.step_seconds = Histogram(
+            "whoseturn_model_swap_seconds",
+            "A swap's steps: the awake model put to sleep, the next one woken",
+            ["card", "model", "step"],
+            buckets=SWAP_BUCKETS,
+            registry=None,
+        )
+        self.activation_wait = Histogram(
+            "whoseturn_activation_wait_seconds",
+            "Arrival to dispatch of requests that arrived while their model was not awake",
+            ["class", "model"],
+            buckets=QUEUE_BUCKETS,
+            registry=None,
+        )
+
+    def attach(self, card: CardReads) -> None:
+        """Export ``card``'s series, at zero from the start."""
+        self._cards.append(card)
+        for model in card.awake_by_model():
+            self.failures.labels(card.name, model)
+            for why in SWAP_WHYS:
+                self.swaps.labels(card.name, model, why)
+            for step in SWAP_STEPS:
+                self.step_seconds.labels(card.name, model, step)
+            for cls in TrafficClass:
+                self.activation_wait.labels(cls.value, model)
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._cards:
+            return
+        awake = _gauge(
+            "whoseturn_model_awake",
+            "1 while the model serves on its card's engine, 0 asleep or being swapped",
+            "card", "model", "engine",
+        )  # fmt: skip
+        swapping = _gauge("whoseturn_card_swapping", "1 while a swap runs on the card", "card")
+        for card in self._cards:
+            for model, (engine, up) in card.awake_by_model().items():
+                awake.add_metric([card.name, model, engine], 1.0 if up else 0.0)
+            swapping.add_metric([card.name], 1.0 if card.swapping else 0.0)
+        yield awake
+        yield swapping
+        yield from self.swaps.collect()
+        yield from self.failures.collect()
+        yield from self.step_seconds.collect()
+        yield from self.activation_wait.collect()
+
+
 class TenantReads(Protocol):
     """What the per-tenant gauges read at scrape time (:class:`Scheduler`)."""
 
@@ -534,6 +621,7 @@ class ProxyMetrics:
         self.registry.register(self.batch)
         self.pieces = PieceMetrics(self.registry)
         self.tenants = TenantMetrics(self.registry, scheduler, tenant_names)
+        self.cards = CardMetrics(self.registry)
         self._create_children(scheduler)
 
     def _request_path(self) -> None:

@@ -53,9 +53,11 @@ from proxy.api.relay import ReadTimeouts, Services
 from proxy.api.routes import install_api
 from proxy.batch import BatchAPI, build_batch, install_batch_routes
 from proxy.batch.routes import FORM_SLACK_BYTES
+from proxy.cards import CardKeeper, build_cards
 from proxy.clock import Clock, WallClock
-from proxy.config import EngineConfig, Settings
+from proxy.config import Activation, EngineConfig, Settings
 from proxy.engines import (
+    Activator,
     EngineDiscovery,
     EngineMonitor,
     EnginePool,
@@ -99,6 +101,7 @@ class ProxyState:
     batch: BatchAPI | None = None
     replica: str = ""  # this proxy's name in the ledger (and on /turn)
     box: Box | None = None  # this proxy is one of a box's workers (serve --workers)
+    cards: list[CardKeeper] = field(default_factory=list)  # models sharing a card
 
     def batch_store_health(self, now: float) -> dict[str, Any] | None:
         """The batch store's health at monotonic time ``now`` (``/readyz``); None
@@ -284,7 +287,31 @@ async def build(
         lambda: not admission.engines_without_models(),
         meter=meter,  # a job's lines count against its tenant's limits with its requests
     )
+    runner = state.batch.runner if state.batch is not None else None
+    state.cards = build_cards(
+        settings.cards,
+        settings.engines,
+        lambda e: Activator(pool.client_for(e.name), _activation(e)),
+        admission,
+        monitor,
+        clock,
+        metrics.cards,
+        runner.due if runner is not None else None,
+    )
+    if state.cards:
+        keepers = state.cards
+
+        def nudge(model: str) -> None:
+            for keeper in keepers:
+                keeper.nudge(model)
+
+        admission.on_wake_wanted = nudge
     return state
+
+
+def _activation(engine: EngineConfig) -> Activation:
+    assert engine.activation is not None, "an engine on a card says how it is woken (load checks)"
+    return engine.activation
 
 
 async def _tick(admission: Admission) -> None:
@@ -319,6 +346,8 @@ async def _discover_models(state: ProxyState) -> None:
 async def startup(state: ProxyState) -> None:
     """One round of health checks and load scrapes (and the shared ledger opened and
     read), then the background loops."""
+    for keeper in state.cards:  # before the first health checks: a sleeping engine
+        await keeper.start()  # is not ejected
     await state.monitor.check_once()
     await state.forwarder.piece_sender.discover()
     await state.prefix_feed.shape()
@@ -336,6 +365,8 @@ async def startup(state: ProxyState) -> None:
         interval = state.settings.upstream.dns_interval_s
         task = asyncio.create_task(state.discovery.run(interval), name="whoseturn-dns")
         state.tasks.append(task)
+    for keeper in state.cards:
+        state.tasks.append(asyncio.create_task(keeper.run(), name=f"whoseturn-card-{keeper.name}"))
     if state.batch is not None:
         state.tasks += [
             asyncio.create_task(state.batch.store.watch(), name="whoseturn-batch-store"),
@@ -358,6 +389,8 @@ async def shutdown(state: ProxyState) -> None:
         except Exception:
             logger.exception("%s had ended with an error", task.get_name())
     closers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+    for keeper in state.cards:
+        closers.append((f"card {keeper.name}'s engines", keeper.close))
     if state.batch is not None:
         closers.append(("the batch store", state.batch.store.close))
     if state.shared is not None:

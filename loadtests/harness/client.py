@@ -47,7 +47,11 @@ class Record:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     proxy_queue_ms: float | None = None
+    # The part of the queue wait spent waiting for the model to wake on its card
+    # (``X-Whoseturn-Activation-Ms``); None when the request waited for no wake.
+    proxy_activation_ms: float | None = None
     engine: str | None = None
+    model: str | None = None  # the ``model`` the request asked for
     error: str | None = None
     text: str = ""
     # The JSON schema the prompt asks the answer to follow (extraction prompts), if any.
@@ -158,6 +162,7 @@ async def stream(
     """POST ``body`` (streamed, with usage) to ``record.url`` with ``headers`` (a
     tenant's ``Authorization``) and fill in ``record``."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    record.model = body.get("model")
     record.sent_at = time.monotonic()
     try:
         async with http.stream("POST", record.url, json=body, headers=headers) as response:
@@ -166,6 +171,8 @@ async def stream(
             record.engine = response.headers.get("x-whoseturn-engine")
             queued = response.headers.get("x-whoseturn-queue-ms")
             record.proxy_queue_ms = float(queued) if queued is not None else None
+            woke = response.headers.get("x-whoseturn-activation-ms")
+            record.proxy_activation_ms = float(woke) if woke is not None else None
             if response.status_code != 200:
                 record.error = (await response.aread()).decode(errors="replace")[:500]
                 return record

@@ -6,6 +6,10 @@ benchmark:
 - **TPOT**: ``(E2E - TTFT) / (n - 1)`` for an answer of ``n > 1`` tokens, E2E being
   request sent → last byte;
 - **queue wait**: the proxy's ``X-Whoseturn-Queue-Ms``;
+- **activation**: the part of the queue wait spent waiting for the model to wake on
+  its card, the proxy's ``X-Whoseturn-Activation-Ms`` (absent: no wake waited for);
+  the requests that waited for their model's first wake of a run (the cold
+  activation) apart from those that waited for a later one (:func:`summarize_activation`);
 - **valid**: a whole answer and, when the prompt carries a JSON schema, one that
   follows it (:mod:`loadtests.harness.validity`); whole and schema-checked answers are
   counted beside it;
@@ -22,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loadtests.harness.client import Record
 from loadtests.harness.traffic import Job
@@ -30,14 +34,17 @@ from loadtests.harness.workload_file import Bar
 from proxy.scheduler.budget import percentile
 
 __all__ = [
+    "ActivationSummary",
     "ClassSummary",
     "Verdict",
+    "Wake",
     "Window",
     "answer_mismatches",
     "gaps",
     "judge",
     "pct",
     "summarize",
+    "summarize_activation",
     "summarize_jobs",
     "summarize_runs",
     "tpot",
@@ -242,3 +249,84 @@ def answer_mismatches(a: Iterable[Record], b: Iterable[Record]) -> tuple[int, in
     whole = {r.id: r for r in b if r.whole and r.closed_at is None}
     pairs = [(r, whole[r.id]) for r in a if r.whole and r.closed_at is None and r.id in whole]
     return len(pairs), sum(1 for x, y in pairs if x.text != y.text)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A model's first wake in a run as the client saw it: the run, the model, the
+    first request that waited for it (its id and wait, in seconds: the wake as near
+    as the client can tell) and how many requests waited for it, that one included."""
+
+    run: str
+    model: str
+    id: str
+    wait_s: float
+    requests: int
+
+
+@dataclass(frozen=True)
+class ActivationSummary:
+    """The activation phase over some runs (seconds; NaN for a figure of no request):
+    of ``requests`` sent, the ``waited`` that waited for their model to wake, split
+    into ``first`` (they waited for their model's first wake of their run: the cold
+    activation) and ``again`` (a later wake), with each run's first wakes."""
+
+    requests: int
+    waited: int = 0
+    wait_p50: float = math.nan
+    wait_p95: float = math.nan
+    wait_max: float = math.nan
+    first: int = 0
+    first_p50: float = math.nan
+    first_p95: float = math.nan
+    first_max: float = math.nan
+    again: int = 0
+    again_p50: float = math.nan
+    again_p95: float = math.nan
+    again_max: float = math.nan
+    first_wakes: list[Wake] = field(default_factory=list)
+
+
+def summarize_activation(runs: Sequence[tuple[str, Iterable[Record]]]) -> ActivationSummary:
+    """The activation phase of ``runs`` (a label and the records of one run, every
+    class). Every request sent is counted, the warm-up's and the streams closed early
+    too: a model's first wake comes at a run's start. A model's first wake in a run
+    is the one its first waiting request (by time sent) waited for; it ended at that
+    request's send time plus its wait, so every request of that model sent by then
+    and waiting for a wake waited for the same one, and counts as ``first``."""
+    sent = 0
+    first: list[float] = []
+    again: list[float] = []
+    wakes: list[Wake] = []
+    for label, records in runs:
+        by_model: dict[str, list[tuple[float, float, str]]] = {}  # (sent, wait, id)
+        for r in records:
+            sent += 1
+            if r.proxy_activation_ms is not None:
+                waited = (r.sent_at, r.proxy_activation_ms / 1000.0, r.id)
+                by_model.setdefault(r.model or "", []).append(waited)
+        for model, waiting in by_model.items():
+            waiting.sort(key=lambda w: (w[0], -w[1]))  # the longest wait of a tie first
+            lead_sent, lead_wait, lead_id = waiting[0]
+            ended = lead_sent + lead_wait
+            cold = [wait for at, wait, _ in waiting if at <= ended]
+            first += cold
+            again += [wait for at, wait, _ in waiting if at > ended]
+            wakes.append(Wake(label, model, lead_id, lead_wait, len(cold)))
+    every = first + again
+    return ActivationSummary(
+        requests=sent,
+        waited=len(every),
+        wait_p50=pct(every, 0.50),
+        wait_p95=pct(every, 0.95),
+        wait_max=max(every, default=math.nan),
+        first=len(first),
+        first_p50=pct(first, 0.50),
+        first_p95=pct(first, 0.95),
+        first_max=max(first, default=math.nan),
+        again=len(again),
+        again_p50=pct(again, 0.50),
+        again_p95=pct(again, 0.95),
+        again_max=max(again, default=math.nan),
+        first_wakes=wakes,
+    )

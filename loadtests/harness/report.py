@@ -22,8 +22,9 @@ from typing import Any
 
 from loadtests.harness.buckets import LengthFigures
 from loadtests.harness.corpus import SETS
-from loadtests.harness.measures import ClassSummary
+from loadtests.harness.measures import ActivationSummary, ClassSummary
 from loadtests.harness.report_sections import (
+    activation_lines,
     disturbed_lines,
     engine_lines,
     length_lines,
@@ -61,7 +62,8 @@ class Findings:
     judged, the machine's peaks, the servers the harness started, the machine's stops
     and the figures they disturbed, the warm TTFT by prompt length, and the engines'
     histograms beside the client's view; with more than one tenant, each tenant's
-    row (arm: rows, warm runs)."""
+    row (arm: rows, warm runs); the activation phase (arm, and ``"<arm> (cold)"``
+    for a cold run: summary)."""
 
     answers: tuple[int, int] | None
     verdicts: list[str]
@@ -72,6 +74,7 @@ class Findings:
     by_prompt: dict[str, dict[str, list[LengthFigures]]]
     engines: dict[str, dict[str, Any]]
     tenants: dict[str, list[TenantSummary]] = field(default_factory=dict)
+    activation: dict[str, ActivationSummary] = field(default_factory=dict)
 
 
 def write_records(out: Path, arms: dict[str, list[dict[str, Any]]]) -> None:
@@ -105,8 +108,8 @@ def write_result(
     added), the figures per arm and class, each tenant's (more than one), the warm
     TTFT by prompt length, the
     engines' queue and prefill histograms per phase beside the client's view, the
-    answer check, the machine's stops per arm and the figures they disturbed, the
-    reasoning, the date."""
+    activation phase per arm (warm runs; cold run apart), the answer check, the
+    machine's stops per arm and the figures they disturbed, the reasoning, the date."""
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workload": workload.to_json(),
@@ -120,6 +123,7 @@ def write_result(
             for arm, by_class in findings.by_prompt.items()
         },
         "engine_histograms": findings.engines,
+        "activation": {arm: _json_safe(asdict(a)) for arm, a in findings.activation.items()},
         "tenants": {
             arm: [_json_safe(asdict(t)) for t in rows] for arm, rows in findings.tenants.items()
         },
@@ -219,9 +223,9 @@ def write_report(
     plots: Sequence[str],
 ) -> None:
     """``report.md``: what ran (``intro``), the table (disturbed figures said below
-    it), the tenants' rows (more than one tenant), TTFT by prompt length, the
-    engines' view of queue and prefill beside the client's, the answer check, the
-    machine's stops, the plots."""
+    it), the wait for models to wake (when a request waited for one), the tenants'
+    rows (more than one tenant), TTFT by prompt length, the engines' view of queue and
+    prefill beside the client's, the answer check, the machine's stops, the plots."""
     lines = [
         f"# {workload.name}",
         "",
@@ -240,6 +244,7 @@ def write_report(
         table,
         "",
         *disturbed_lines(findings.disturbed, findings.stalls),
+        *activation_lines(findings.activation),
         *tenant_lines(findings.tenants),
         *length_lines(findings.by_prompt),
         *engine_lines(findings.engines),

@@ -1,4 +1,5 @@
-"""The report's sections on what the side-by-side table does not show: each
+"""The report's sections on what the side-by-side table does not show: the wait for
+models to wake on their cards (:func:`loadtests.harness.measures.summarize_activation`), each
 tenant's requests, TTFT and share of tokens (:mod:`loadtests.harness.tenants`), TTFT by
 prompt length (:mod:`loadtests.harness.buckets`), the engines' queue and prefill histograms
 beside the client's view (:mod:`loadtests.harness.engine_histograms`), and the machine's
@@ -13,12 +14,70 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadtests.harness.buckets import BUCKETS, UNKNOWN, LengthFigures
+from loadtests.harness.measures import ActivationSummary
 from loadtests.harness.tenants import TenantSummary
 from loadtests.support.markdown import markdown_table
 
 
 def ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:,.0f} ms"
+
+
+def _spread(count: int, p50: float, p95: float, top: float) -> str:
+    return "-" if not count else f"{count:,}: {ms(p50)} / {ms(p95)} / {ms(top)}"
+
+
+def activation_table(activation: dict[str, ActivationSummary]) -> str:
+    """A row per arm (and cold run): the requests that waited for their model to wake,
+    of those sent, and their wait, all of them, the first wakes' and the later ones'
+    (count: p50 / p95 / max); "" when no request waited for a wake."""
+    if not any(a.waited for a in activation.values()):
+        return ""
+    rows: list[Sequence[str]] = [
+        (
+            arm,
+            f"{a.waited:,} / {a.requests:,}",
+            _spread(a.waited, a.wait_p50, a.wait_p95, a.wait_max),
+            _spread(a.first, a.first_p50, a.first_p95, a.first_max),
+            _spread(a.again, a.again_p50, a.again_p95, a.again_max),
+        )
+        for arm, a in activation.items()
+    ]
+    header = ("arm", "waited / sent", "all", "first wake (cold)", "later wakes")
+    return markdown_table(header, rows)
+
+
+def activation_lines(activation: dict[str, ActivationSummary]) -> list[str]:
+    """The activation section (:func:`activation_table`) and each run's first wake
+    per model; none when no request waited for a wake."""
+    table = activation_table(activation)
+    if not table:
+        return []
+    wakes = [
+        f"- {arm}, {w.run}, model {w.model or '-'}: {ms(w.wait_s)} (request {w.id}; "
+        f"{w.requests:,} waited for it)"
+        for arm, a in activation.items()
+        for w in a.first_wakes
+    ]
+    return [
+        "## Waiting for a model to wake",
+        "",
+        "A request that came while its model was asleep on its card waited for the model "
+        "to wake: that wait is the proxy's `X-Whoseturn-Activation-Ms`, part of its queue "
+        "wait (`X-Whoseturn-Queue-Ms`). Every request of the runs counts here, the "
+        "warm-up's too (a model's first wake comes at a run's start). First wake (cold): "
+        "the requests that waited for their model's first wake of a run; later wakes: "
+        "the others. Each cell: requests: wait p50 / p95 / max. Per arm in `result.json` "
+        "(`activation`).",
+        "",
+        table,
+        "",
+        "Each run's first wake per model: the wait of the first request that waited "
+        "for it (the wake, as near as the client can tell), and how many waited for it:",
+        "",
+        *wakes,
+        "",
+    ]
 
 
 def tenant_table(tenants: dict[str, list[TenantSummary]]) -> str:

@@ -29,11 +29,13 @@ from loadtests.harness import plots
 from loadtests.harness.buckets import LengthFigures, by_length
 from loadtests.harness.engine_histograms import Span, engine_view
 from loadtests.harness.measures import (
+    ActivationSummary,
     ClassSummary,
     Window,
     answer_mismatches,
     judge,
     pct,
+    summarize_activation,
     summarize_jobs,
     summarize_runs,
 )
@@ -46,7 +48,7 @@ from loadtests.harness.report import (
     write_report,
     write_result,
 )
-from loadtests.harness.report_sections import tenant_table
+from loadtests.harness.report_sections import activation_table, tenant_table
 from loadtests.harness.stalls import Phase, StallWatch, attribute
 from loadtests.harness.tenants import summarize_tenants
 from loadtests.harness.traffic import ArmRun, Route, new_run, run_arm
@@ -258,6 +260,8 @@ def finish(
     )
     write_report(out, workload, found, intro=intro, table=warm_table, plots=drawn)
     print(warm_table)
+    if activation := activation_table(found.activation):
+        print(f"\nWaiting for a model to wake:\n\n{activation}")
     if tenants := tenant_table(found.tenants):
         print(f"\nTenants (warm runs):\n\n{tenants}")
     if found.answers is not None:
@@ -295,7 +299,20 @@ def findings(
         tenants={arm: summarize_tenants(workload, r.warm) for arm, r in arms.items()}
         if len(workload.tenant_names()) > 1
         else {},
+        activation=activation_view(arms),
     )
+
+
+def activation_view(arms: dict[str, ArmResult]) -> dict[str, ActivationSummary]:
+    """Each arm's activation phase (:func:`loadtests.harness.measures.summarize_activation`)
+    over its warm runs, and over its cold run apart (``"<arm> (cold)"``)."""
+    out = {}
+    for arm, result in arms.items():
+        runs = [(label, _all_records(run)) for label, run in result.all_runs()]
+        out[arm] = summarize_activation([r for r in runs if r[0] != "cold"])
+        if result.cold is not None:
+            out[f"{arm} (cold)"] = summarize_activation([r for r in runs if r[0] == "cold"])
+    return out
 
 
 def _answer_check(arms: dict[str, ArmResult]) -> tuple[int, int] | None:

@@ -216,6 +216,9 @@ class Forwarder:
             self._count(ticket, "", "cancelled")  # the client left while it waited
             raise
         self.services.metrics.queue_wait.labels(req.cls.value).observe(admitted.queued_s)
+        if admitted.activation_s:  # it waited for its model to be woken on a card
+            activation = self.services.metrics.cards.activation_wait
+            activation.labels(req.cls.value, req.model).observe(admitted.activation_s)
         return admitted
 
     async def _queued(self, ticket: Ticket) -> Admitted:
@@ -454,11 +457,14 @@ class Forwarder:
 
     @staticmethod
     def _headers(ticket: Ticket, admitted: Admitted) -> dict[str, str]:
-        return {
+        headers = {
             "X-Whoseturn-Class": ticket.req.cls.value,
             "X-Whoseturn-Engine": admitted.engine,
             "X-Whoseturn-Queue-Ms": f"{admitted.queued_s * 1000:.1f}",
         }
+        if admitted.activation_s:  # of the queue wait, the wait for its model's wake
+            headers["X-Whoseturn-Activation-Ms"] = f"{admitted.activation_s * 1000:.1f}"
+        return headers
 
     def _count(self, ticket: Ticket, engine: str, outcome: str) -> None:
         self.services.metrics.requests.labels(ticket.req.cls.value, engine, outcome).inc()

@@ -77,6 +77,7 @@ def _turn_routes(app: FastAPI, state_of: StateOf) -> None:
         ledger_state,
         lambda request: state_of(request).monitor,
         lambda request: state_of(request).box,
+        lambda request: state_of(request).cards,
     )
 
 

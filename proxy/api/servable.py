@@ -7,8 +7,9 @@
   served so far.
 - A draining proxy (after SIGTERM) starts nothing: 503 with ``Retry-After``.
 - A known model whose engines are all down is a 503 naming them and why, for
-  interactive requests (they do not wait). Batch requests wait in the queue for
-  an engine to come back.
+  interactive requests (they do not wait), unless one of them is asleep on a card
+  (:mod:`proxy.cards`): the request waits for its wake. Batch requests wait in
+  the queue for an engine to come back.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def unservable(
             + models_served(served)
         )
         return engine_unavailable(message, retry_after)
-    if cls is TrafficClass.INTERACTIVE and not admission.engines_up_for(model):
+    if (
+        cls is TrafficClass.INTERACTIVE
+        and not admission.engines_up_for(model)
+        and not admission.resting_for(model)
+    ):
         engines = _why(admission.engines_for(model), monitor)
         return engine_unavailable(f"No engine serving `{model}` is up: {engines}.", retry_after)
     return None

@@ -12,6 +12,7 @@ from fastapi import Request
 from proxy.admission import Admission
 from proxy.api.box import Box
 from proxy.api.forward import Forwarder
+from proxy.cards import CardKeeper
 from proxy.config import Settings
 from proxy.engines import EngineMonitor
 from proxy.metrics import ProxyMetrics
@@ -30,6 +31,7 @@ class EdgeState(Protocol):
     shared: SharedBudget | None  # the shared budget of several replicas, if there is one
     replica: str  # this proxy's name in the ledger (and on ``/turn``)
     box: Box | None  # this proxy is one of a box's worker processes
+    cards: list[CardKeeper]  # models sharing a card, and which is awake
 
     def batch_store_health(self, now: float) -> dict[str, Any] | None:
         """The batch store's health at monotonic time ``now`` (``/readyz``); None

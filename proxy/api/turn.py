@@ -21,6 +21,7 @@ from proxy.admission import Admission
 from proxy.api.box import Box, box_turns
 from proxy.api.docs import TURN, TURN_HISTORY, TURN_LOG, TURN_QUERY
 from proxy.api.piece_sender import PieceChoice
+from proxy.cards import CardKeeper
 from proxy.openai.line_ids import job_line
 from proxy.scheduler import Abort, Route, TrafficClass
 from proxy.scheduler.budget import BudgetChange
@@ -34,6 +35,7 @@ def turn_text(body: dict[str, Any]) -> str:
     each worker's engines, the worker named."""
     lines = [sentence(e) for e in body["engines"]]
     lines += tenant_sentences(body)
+    lines += [card_sentence(c) for c in body.get("cards", ())]
     if "ledger" in body:
         lines.append(ledger_sentence(body["ledger"]))
     box = body.get("box")
@@ -94,7 +96,9 @@ def engine_health(
     detection on the request path) with the monitor's ``why``. Without ``watch``
     the last three are unknown (0 and None)."""
     name, up, models = entry["engine"], entry["up"], entry["models"]
-    draining = bool(up and models and name not in admission.engines_up_for(models[0]))
+    resting = entry.get("residency") not in (None, "awake")  # on a card, not leaving
+    leaving = bool(models) and name not in admission.engines_up_for(models[0])
+    draining = up and not resting and leaving
     why = None if up or watch is None else watch.ejected_because.get(name)
     by = (
         None
@@ -111,6 +115,7 @@ def turn_body(
     replica: str | None = None,
     ledger: dict[str, Any] | None = None,
     watch: EngineWatch | None = None,
+    cards: Sequence[CardKeeper] = (),
 ) -> dict[str, Any]:
     """Whose turn it is on each engine, as of now (a read: the scheduler does not run);
     each engine's ``health`` (:func:`engine_health`, from ``watch`` where given); with
@@ -118,7 +123,8 @@ def turn_body(
     ``replica``, the name of the proxy process that answers (with several workers or
     replicas, each answers with its own view); with ``ledger``, the shared ledger's
     state (:meth:`proxy.replicas.SharedBudget.report`; ``down_since`` added while it
-    is down)."""
+    is down); with ``cards``, each card's models and which is awake
+    (:meth:`proxy.cards.CardKeeper.view`)."""
     wall = time.time()
     engines = [_with_times(e, wall) for e in admission.report()]
     for entry in engines:
@@ -127,6 +133,8 @@ def turn_body(
             entry["piecing"] = pieces[entry["engine"]]
     body: dict[str, Any] = {"time": _iso(wall), "replica": replica, "engines": engines}
     body |= tenants_body(admission)
+    if cards:
+        body["cards"] = [k.view() for k in cards]
     if ledger is not None:
         down_for = ledger.get("down_for_s")
         since = None if down_for is None else _iso(wall - down_for)
@@ -174,6 +182,28 @@ def fairness_words(index: float | None) -> str:
     if index >= 0.9:
         return "nearly fair"
     return "unfair"
+
+
+def card_sentence(card: dict[str, Any]) -> str:
+    """A card in a sentence: which model is awake, for how long, and what is next."""
+    name = card["card"]
+    if not card["swaps"]:
+        return f"Card {name}: every model fits awake ({', '.join(card['awake'])})."
+    awake = card["awake"]
+    if card["swapping_to"] is not None:
+        now = f"waking {card['swapping_to']}"
+    elif awake:
+        now = f"{awake[0]} awake for {card['awake_for_s']:.0f} s"
+    else:
+        now = "nothing awake"
+    asleep = [m for m, v in card["models"].items() if v["state"] == "asleep"]
+    text = f"Card {name}: {now}"
+    if asleep:
+        text += f"; asleep: {', '.join(asleep)}"
+    decision = card.get("decision")
+    if decision is not None and decision["reason"]:
+        text += f" ({decision['reason']})"
+    return text + "."
 
 
 def tenant_sentences(body: dict[str, Any]) -> list[str]:
@@ -285,16 +315,36 @@ def _route_body(route: Route | None) -> dict[str, Any] | None:
 
 
 def log_body(
-    admission: Admission, limit: int, choices: Sequence[PieceChoice] = ()
+    admission: Admission,
+    limit: int,
+    choices: Sequence[PieceChoice] = (),
+    cards: Sequence[CardKeeper] = (),
 ) -> dict[str, Any]:
     """The most recent decisions, oldest first, with wall-clock times and each one's
     tenant (``""``: anonymous); the most recent moves of the budgets (``budget``),
-    each with the numbers it judged; and the most recent choices of whole or pieces
-    for a long batch prompt (``piecing``: the engine, and why)."""
+    each with the numbers it judged; the most recent choices of whole or pieces
+    for a long batch prompt (``piecing``: the engine, and why); and the most recent
+    drains and swaps of ``cards`` (``cards``: the model woken and put to sleep, the
+    reason, each step's seconds)."""
     offset = time.time() - admission.now()
     decisions = admission.decisions(limit)
     moves = admission.budget_changes(limit)
+    events = sorted((e for k in cards for e in k.log), key=lambda e: e.time)[-limit:]
     return {
+        "cards": [
+            {
+                "time": _iso(e.time + offset),
+                "card": e.card,
+                "action": e.action,
+                "model": e.model,
+                "asleep": e.asleep,
+                "reason": e.reason,
+                "why": e.why,
+                "sleep_s": e.sleep_s,
+                "wake_s": e.wake_s,
+            }
+            for e in events
+        ],
         "budget": [budget_change_body(name, c, offset) for name, c in moves],
         "piecing": [
             {
@@ -337,6 +387,7 @@ def install_turn_routes(
     ledger_of: Callable[[Request], dict[str, Any] | None] = lambda _: None,
     watch_of: Callable[[Request], EngineWatch | None] = lambda _: None,
     box_of: Callable[[Request], Box | None] = lambda _: None,
+    cards_of: Callable[[Request], Sequence[CardKeeper]] = lambda _: (),
 ) -> None:
     """``admission_of(request)`` returns the running app's :class:`Admission`;
     ``pieces_of(request)`` its engines' piecing facts, if it has any;
@@ -345,7 +396,7 @@ def install_turn_routes(
     has one; ``watch_of(request)`` its engine monitor (why an engine is out);
     ``box_of(request)`` its box, when it is one of a box's workers: its ``/turn``
     then holds every worker's (:func:`proxy.api.box.box_turns`), unless asked for its
-    own (``?scope=worker``)."""
+    own (``?scope=worker``); ``cards_of(request)`` its cards' keepers."""
 
     @app.get("/turn", response_model=None, responses=TURN, openapi_extra=TURN_QUERY)
     async def turn(request: Request) -> Response:
@@ -355,6 +406,7 @@ def install_turn_routes(
             replica_of(request),
             ledger_of(request),
             watch_of(request),
+            cards_of(request),
         )
         box = box_of(request)
         if box is not None and request.query_params.get("scope") != "worker":
@@ -366,7 +418,8 @@ def install_turn_routes(
 
     @app.get("/turn/log", responses=TURN_LOG)
     async def turn_log(request: Request, limit: int = 100) -> JSONResponse:
-        return JSONResponse(log_body(admission_of(request), limit, choices_of(request, limit)))
+        body = log_body(admission_of(request), limit, choices_of(request, limit), cards_of(request))
+        return JSONResponse(body)
 
     @app.get("/turn/history", responses=TURN_HISTORY)
     async def turn_history(request: Request, seconds: int = 60) -> JSONResponse:

@@ -173,6 +173,11 @@ class Throughput:
             if job.in_flight == 0:
                 self._idle(job, at)
 
+    def model_of(self, batch_id: str) -> str | None:
+        """The model the job's lines run on (None before its first line): a read."""
+        job = self._jobs.get(batch_id)
+        return job.model if job is not None else None
+
     def in_flight(self, batch_id: str) -> int:
         """The job's lines in flight here (0 for a job not begun): a read."""
         job = self._jobs.get(batch_id)

@@ -109,6 +109,11 @@ class _Run:
         self.scope.cancel()
 
 
+UNMEASURED_LINE_S = 0.25
+"""A line's time on its card before a rate is measured (conservative: a deadline is
+seen early rather than late)."""
+
+
 class BatchRunner:
     def __init__(
         self,
@@ -153,6 +158,24 @@ class BatchRunner:
         return self.throughput.estimate(
             batch.id, remaining, batch.expires_at, self._now(), batch.progress
         )
+
+    def due(self, model: str) -> tuple[int | None, float]:
+        """What ``model``'s jobs running here need of its card: the earliest end of
+        their completion windows (epoch seconds; None: none runs) and the busy time
+        their remaining lines take at the rate measured (:data:`UNMEASURED_LINE_S`
+        a line before one is), for the rule that swaps models on a card (a read)."""
+        deadline: int | None = None
+        work_s = 0.0
+        now = self._now()
+        for batch in self.active:
+            if self.throughput.model_of(batch.id) != model:
+                continue
+            deadline = batch.expires_at if deadline is None else min(deadline, batch.expires_at)
+            remaining = max(0, batch.total - batch.completed - batch.failed)
+            rate = self.throughput.rate(batch.id, now, batch.progress)
+            per_s = rate.per_s if rate is not None and rate.per_s > 0 else 1 / UNMEASURED_LINE_S
+            work_s += remaining / per_s
+        return deadline, work_s
 
     async def _save_progress(self, batch_id: str) -> None:
         """Add the job's pace measured here since the last save to the store's, so

@@ -9,6 +9,7 @@ for the scheduler's prefix index. Failures are :class:`UpstreamError` subclasses
 (the tree is drawn in ``proxy/engines/_exceptions.py``).
 """
 
+from proxy.engines._activation import ActivationFailed, Activator
 from proxy.engines._client import EngineClient
 from proxy.engines._discovery import EngineDiscovery, EngineFleet, Resolver, resolve_addresses
 from proxy.engines._exceptions import (
@@ -34,6 +35,8 @@ from proxy.engines._prefix_feed import PrefixFeed
 from proxy.engines._transport import PlainHTTPTransport, raw_chunks
 
 __all__ = [
+    "ActivationFailed",
+    "Activator",
     "AnswerWait",
     "CacheFacts",
     "EngineBadResponse",

@@ -116,6 +116,23 @@ class EngineClient:
             return False
         return True
 
+    async def sleep(self, level: int, timeout_s: float) -> None:
+        """vLLM's sleep mode: ``POST /sleep?level=N`` (the engine started with
+        ``--enable-sleep-mode``; the route served with ``VLLM_SERVER_DEV_MODE=1``)."""
+        await self._call("POST", f"/sleep?level={level}", limits=self._timeout(timeout_s))
+
+    async def wake_up(self, timeout_s: float) -> None:
+        """``POST /wake_up``: the engine's weights and KV cache back on its card."""
+        await self._call("POST", "/wake_up", limits=self._timeout(timeout_s))
+
+    async def is_sleeping(self) -> bool:
+        """``GET /is_sleeping``: whether the engine is asleep now."""
+        answer = await self._call_json("GET", "/is_sleeping")
+        sleeping = answer.get("is_sleeping") if isinstance(answer, dict) else None
+        if not isinstance(sleeping, bool):
+            raise self._bad("/is_sleeping", ValueError(f"unexpected answer {answer!r}"))
+        return sleeping
+
     async def load(self) -> EngineLoad:
         """The engine's load as its ``GET /metrics`` reports it now."""
         return await self._metrics(parse_load)

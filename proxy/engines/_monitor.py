@@ -128,6 +128,7 @@ class EngineMonitor:
         self.health_rounds = 0
         self._epoch: dict[str, int] = {}
         self._waits: dict[str, set[AnswerWait]] = {}  # requests waiting for an answer
+        self.resting: set[str] = set()  # asleep or stopped on a card: not checked
         for name in pool.engines:
             self.add(name)
 
@@ -148,6 +149,21 @@ class EngineMonitor:
         self._epoch.pop(name, None)
         self._waits.pop(name, None)
 
+    def rest(self, name: str) -> None:
+        """Engine ``name`` is being put to sleep or stopped (on a card): no health
+        checks or scrapes of it until :meth:`resume`, and none in flight counts."""
+        if name in self.up:
+            self.resting.add(name)
+            self._epoch[name] += 1
+            self.failures[name] = 0
+
+    def resume(self, name: str) -> None:
+        """Engine ``name`` was woken and answered its health check: up, watched again."""
+        self.resting.discard(name)
+        if name in self.up:
+            self._epoch[name] += 1
+            self._record(name, True)
+
     async def run(self) -> None:
         """Check health every ``health_interval_s`` and scrape loads every
         ``scrape_interval_s`` until cancelled."""
@@ -166,6 +182,8 @@ class EngineMonitor:
         results: dict[str, bool] = {}
         async with anyio.create_task_group() as tg:
             for engine in list(self.pool.engines.values()):
+                if engine.name in self.resting:
+                    continue
                 tg.start_soon(_probe, engine, self.settings.upstream.health_timeout_s, results)
         for name, ok in results.items():
             if name in epochs and self._epoch.get(name) == epochs[name]:
@@ -177,7 +195,7 @@ class EngineMonitor:
         loads: dict[str, EngineLoad] = {}
         async with anyio.create_task_group() as tg:
             for name, engine in list(self.pool.engines.items()):
-                if self.up.get(name):
+                if self.up.get(name) and name not in self.resting:
                     tg.start_soon(self._scrape, engine, loads)
         for name, load in loads.items():
             if name in self.up:  # not gone while it was scraped

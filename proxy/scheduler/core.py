@@ -87,6 +87,7 @@ from proxy.scheduler.fair import FairShare, TenantShare
 from proxy.scheduler.pieces import ChatSigns
 from proxy.scheduler.prefix import IndexMode, KVEvent
 from proxy.scheduler.queue import JobQueue
+from proxy.scheduler.residency import Demand
 from proxy.scheduler.routing import AffinityMap, LeastRank, by_cost, pick_engine, with_affinity
 from proxy.scheduler.state import EngineLoad, EngineState, EventTime, HoldRules, ReplicaLoad
 from proxy.scheduler.types import (
@@ -243,6 +244,8 @@ class Scheduler:
             raise UnknownModel(job.model)
         if job.id in self.jobs:
             raise ValueError(f"duplicate job id {job.id!r}")
+        if self._resting_only(job.model):
+            job.for_wake = True
         if job.pinned is not None:  # a piece: only where its prompt's first piece went
             job.excluded |= {e.name for e in self._by_model[job.model]} - {job.pinned}
         now = self._begin()
@@ -260,6 +263,11 @@ class Scheduler:
             queue.append(job)
         self._queued_chat(job)
         self._end(now)
+
+    def _resting_only(self, model: str) -> bool:
+        """Whether every engine of ``model`` is at rest on a card (none awake)."""
+        engines = self._by_model.get(model, ())
+        return bool(engines) and all(e.resting for e in engines)
 
     def cancel(self, job_id: str, output_tokens: int | None = None) -> Job | None:
         """Forget a job wherever it is (queued or in flight); None if unknown."""
@@ -880,6 +888,44 @@ class Scheduler:
         for name in self.engines:
             self._mark(name)
         self._end(now)
+
+    def set_engine_resting(self, name: str, resting: str) -> None:
+        """Engine ``name`` on a card is awake (``""``), ``draining`` for a swap,
+        ``asleep`` or ``waking`` (:mod:`proxy.scheduler.residency`): at rest it takes
+        no new work and its model's queued work waits for it."""
+        with self._changing(name) as engine:
+            engine.resting = resting
+            engine.draining = bool(resting)
+
+    def resting_for(self, model: str) -> list[str]:
+        """The engines of ``model`` at rest on a card, to be woken for its work (a read)."""
+        return [e.name for e in self._by_model.get(model, ()) if e.resting]
+
+    def demand(self, model: str) -> Demand:
+        """``model``'s work as the card's rule reads it (:func:`residency.decide`): its
+        chats queued (the oldest's arrival) and in flight, its last chat seen, its
+        batch jobs queued (the batch deadline and card time are the batch runner's to
+        add). A read."""
+        chats = self.queues[TrafficClass.INTERACTIVE]
+        waiting = chats.count_of_model(model)
+        oldest = min((j.arrival for j in chats.of_model(model)), default=None)
+        engines = self._by_model.get(model, ())
+        in_flight = sum(e.count(TrafficClass.INTERACTIVE) for e in engines)
+        seen = [e.last_chat_at for e in engines if e.last_chat_at is not None]
+        newest = max((j.arrival for j in chats.of_model(model)), default=None)
+        if newest is not None:
+            seen.append(newest)
+        return Demand(
+            chat_waiting=waiting,
+            chat_oldest=oldest,
+            chat_in_flight=in_flight,
+            last_chat=max(seen, default=None),
+            batch_waiting=self.queues[TrafficClass.BATCH].count_of_model(model),
+        )
+
+    def in_flight(self, name: str) -> int:
+        """Jobs in flight on engine ``name`` (a read)."""
+        return len(self.engines[name].inflight)
 
     def set_engine_up(self, name: str, up: bool) -> None:
         with self._changing(name) as engine:

@@ -165,6 +165,11 @@ class JobQueue:
         line = self._models.get(model)
         return iter(line) if line is not None else iter(())
 
+    def count_of_model(self, model: str) -> int:
+        """How many jobs of ``model`` are queued."""
+        line = self._models.get(model)
+        return len(line) if line is not None else 0
+
     def first_of_model(self, model: str) -> Job | None:
         line = self._models.get(model)
         return line.first() if line is not None else None

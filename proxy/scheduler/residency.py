@@ -44,6 +44,7 @@ __all__ = [
     "Move",
     "ResidencyDecision",
     "ResidencyRules",
+    "Why",
     "decide",
 ]
 
@@ -103,11 +104,22 @@ class Move(StrEnum):
     SWAP = "swap"  # put the awake model to sleep and wake ``target`` now
 
 
+class Why(StrEnum):
+    """What a swap is for, in one word (a metric's label; the reason says more)."""
+
+    NOTHING_AWAKE = "nothing_awake"  # the card held no model awake
+    DEADLINE = "deadline"  # a batch job's completion window
+    CHAT = "chat"  # chat waits for a sleeping model, the awake one's chat is quiet
+    CHAT_TURN = "chat_turn"  # two models' chat take turns
+    BATCH_WINDOW = "batch_window"  # batch, in a window where it costs chat nothing
+
+
 @dataclass(frozen=True)
 class ResidencyDecision:
     move: Move
     target: str | None = None
     reason: str = ""
+    why: Why | None = None  # of a drain or a swap
 
 
 def decide(
@@ -122,7 +134,8 @@ def decide(
         target = _first_to_wake(card, demand)
         if target is None:
             return ResidencyDecision(Move.STAY, None, "no work for any model")
-        return ResidencyDecision(Move.SWAP, target, f"work waiting for {target}, nothing awake")
+        reason = f"work waiting for {target}, nothing awake"
+        return ResidencyDecision(Move.SWAP, target, reason, Why.NOTHING_AWAKE)
     awake = card.awake
     mine = demand.get(awake, none)
     awake_for = now - card.awake_since
@@ -139,20 +152,21 @@ def decide(
     for model in sorted(sleeping, key=lambda m: _deadline(demand[m])):
         wanted = demand[model]
         if wanted.batch_waiting and _pressed(wanted, card.wake_s.get(model, 0.0), now, rules):
-            return _toward(card, model, f"{model}'s batch deadline is near")
+            return _toward(card, model, f"{model}'s batch deadline is near", Why.DEADLINE)
     # 1. chat waiting for a sleeping model
     chatty = [m for m in sleeping if demand[m].chat_waiting]
     if chatty:
         model = min(chatty, key=lambda m: _oldest(demand[m]))
         if not chat_live:
-            return _toward(card, model, f"chat waiting for {model}")
+            return _toward(card, model, f"chat waiting for {model}", Why.CHAT)
         if awake_for < rules.min_awake_s:
             return ResidencyDecision(
                 Move.STAY, model, f"{awake}'s chat is live and it woke {awake_for:.0f} s ago"
             )
         if mine.chat_waiting and _oldest(mine) <= _oldest(demand[model]):
             return ResidencyDecision(Move.STAY, model, f"{awake}'s chat waited longer")
-        return _toward(card, model, f"chat waiting for {model}, {awake} had its turn")
+        reason = f"chat waiting for {model}, {awake} had its turn"
+        return _toward(card, model, reason, Why.CHAT_TURN)
     # 2. batch for a sleeping model: only in a window where the swap costs chat nothing
     model = min(sleeping, key=lambda m: (_deadline(demand[m]), -demand[m].batch_waiting))
     if chat_live:
@@ -164,14 +178,15 @@ def decide(
         return ResidencyDecision(Move.STAY, model, f"{awake} woke {awake_for:.0f} s ago")
     if mine.batch_waiting:
         return ResidencyDecision(Move.STAY, model, f"{awake}'s own batch is waiting")
-    return _toward(card, model, f"batch waiting for {model}, {awake}'s chat quiet")
+    reason = f"batch waiting for {model}, {awake}'s chat quiet"
+    return _toward(card, model, reason, Why.BATCH_WINDOW)
 
 
-def _toward(card: Card, model: str, reason: str) -> ResidencyDecision:
+def _toward(card: Card, model: str, reason: str, why: Why) -> ResidencyDecision:
     """Swap to ``model`` now if nothing is in flight, else drain first."""
     if card.in_flight:
-        return ResidencyDecision(Move.DRAIN, model, f"{reason}: draining {card.awake}")
-    return ResidencyDecision(Move.SWAP, model, reason)
+        return ResidencyDecision(Move.DRAIN, model, f"{reason}: draining {card.awake}", why)
+    return ResidencyDecision(Move.SWAP, model, reason, why)
 
 
 def _first_to_wake(card: Card, demand: Mapping[str, Demand]) -> str | None:

@@ -103,6 +103,10 @@ class EngineState:
         self.name = settings.name
         self.up = True
         self.draining = False  # left discovery: no new work; what runs here finishes
+        # on a card (proxy.scheduler.residency): "" awake or on no card; else "draining"
+        # (for a swap), "asleep" or "waking": no new work (``draining`` is set), and its
+        # model's queued work waits for it instead of failing
+        self.resting = ""
         self.load = EngineLoad()
         self.others = ReplicaLoad()
         self.inflight: dict[str, Job] = {}

@@ -127,6 +127,8 @@ def engine_report(scheduler: Scheduler, engine: EngineState, now: float) -> Json
         "recent": recent(engine, now),
         "up": engine.up,
         "models": sorted(engine.settings.models),
+        # on a card: awake, draining (for a swap), asleep or waking; None: on no card
+        "residency": (engine.resting or "awake") if engine.settings.card else None,
         "budget": {
             "tokens": b.tokens,
             "min_tokens": s.min_tokens,

@@ -155,6 +155,9 @@ class Job:
     weight: float = 1.0
     tier: Tier = Tier.STANDARD
     expected_output: int = 0
+    # arrived while no engine of its model was awake (on a card, asleep or being
+    # swapped in): its wait in the queue is a wait for activation
+    for_wake: bool = False
     # its place in its class's queue, set as it is queued: (tier rank, fair tag, seq)
     order: tuple[int, float, int] = (1, 0.0, 0)
 

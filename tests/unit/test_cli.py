@@ -317,7 +317,7 @@ def test_the_example_file_lists_each_setting_under_its_section() -> None:
     for line in (ROOT / "whoseturn.example.yaml").read_text().splitlines():
         if header := re.match(r"# --- (\w+):", line):
             current = sections.setdefault(header[1], [])
-        elif (key := re.match(r"(\w+):", line)) and key[1] != "engines":
+        elif (key := re.match(r"(\w+):", line)) and key[1] not in ("engines", "cards"):
             current.append(key[1])
     settings = Settings(engines=())
     expected = {
@@ -325,7 +325,8 @@ def test_the_example_file_lists_each_setting_under_its_section() -> None:
             f"{type(getattr(settings, name)).PREFIX}{f.name}"
             for f in dataclasses.fields(getattr(settings, name))
         ]
-        for name in (f.name for f in dataclasses.fields(Settings) if f.name != "engines")
+        for name in (f.name for f in dataclasses.fields(Settings))
+        if name not in ("engines", "cards")
     }
     assert sections == expected
 
@@ -335,7 +336,7 @@ def test_the_example_file_is_valid_and_names_every_setting() -> None:
     settings = load_settings(str(path), env={}, cwd=ROOT)
     assert settings == load_settings(None, {"engines": ["http://127.0.0.1:8000"]}, env={})
     data = yaml.safe_load(path.read_text())
-    assert set(data) == {"engines", *settings.keys()}
+    assert set(data) == {"engines", "cards", *settings.keys()}
     assert set(data["engines"][0]) == {f.name for f in dataclasses.fields(EngineConfig)}
     for line in path.read_text().splitlines():
         if re.match(r"\s*-?\s*\w+:", line):

@@ -35,7 +35,7 @@ PROXY_FLOORS: tuple[tuple[str, ...], ...] = (
     ("scheduler",),
     ("engines",),
     ("openai",),
-    ("admission", "metrics"),
+    ("admission", "metrics", "cards"),
     ("replicas",),
     ("api",),
     ("batch",),

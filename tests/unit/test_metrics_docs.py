@@ -29,6 +29,14 @@ ONLY_WITH_BATCH = {
     "whoseturn_batch_estimated_completion_timestamp_seconds",
     "whoseturn_batch_expires_timestamp_seconds",
 }
+ONLY_WITH_A_CARD = {
+    "whoseturn_model_awake",
+    "whoseturn_card_swapping",
+    "whoseturn_model_swaps_total",
+    "whoseturn_model_swap_failures_total",
+    "whoseturn_model_swap_seconds",
+    "whoseturn_activation_wait_seconds",
+}
 
 
 def documented() -> list[tuple[str, frozenset[str]]]:
@@ -66,6 +74,18 @@ class Store:
     outages: int = 0
 
 
+@dataclass
+class Card:
+    """What the card families read (:class:`proxy.metrics.CardReads`): model ``m``
+    awake on engine ``a``, ``n`` asleep on ``b``, no swap running."""
+
+    name: str = "card-0"
+    swapping: bool = False
+
+    def awake_by_model(self) -> dict[str, tuple[str, bool]]:
+        return {"m": ("a", True), "n": ("b", False)}
+
+
 CONFIG = EngineConfig(name="a", url="http://a:8000", models=frozenset({"m"}))
 
 
@@ -76,8 +96,9 @@ def proxy_metrics(scheduler: Scheduler | None = None) -> ProxyMetrics:
 
 def every_family_fed() -> ProxyMetrics:
     """Metrics with a ledger, batch on, one engine piecing, one of each
-    request-path observation, and chats of two tenants queued (so the fairness index
-    is judged), so every family has a sample."""
+    request-path observation, chats of two tenants queued (so the fairness index
+    is judged), and a card with a model woken and a request that waited for it, so
+    every family has a sample."""
     scheduler = Scheduler([CONFIG], VirtualClock())
     for tenant in ("team-a", "team-b"):
         scheduler.submit(
@@ -99,6 +120,9 @@ def every_family_fed() -> ProxyMetrics:
     for histogram in (metrics.ttft, metrics.prefill, metrics.inter_token, metrics.request):
         histogram.labels("interactive", "a").observe(0.01)
     metrics.tenants.request("team-a", TrafficClass.INTERACTIVE, waited_s=0.01, ttft_s=0.02)
+    metrics.cards.attach(Card())
+    metrics.cards.step_seconds.labels("card-0", "m", "wake").observe(5.0)
+    metrics.cards.activation_wait.labels("interactive", "m").observe(5.0)
     return metrics
 
 
@@ -109,12 +133,13 @@ def test_the_exported_families_are_the_documented_ones_in_their_order() -> None:
     assert exported(metrics) == documented()
 
 
-def test_ledger_and_batch_families_wait_for_what_they_read() -> None:
-    """One replica alone, batch off: no ledger family, no batch family but the
-    records counter."""
+def test_ledger_batch_and_card_families_wait_for_what_they_read() -> None:
+    """One replica alone, batch off, no card: no ledger family, no batch family but
+    the records counter, no card family."""
     names = [name for name, _ in exported(proxy_metrics())]
     docs = [name for name, _ in documented()]
-    assert names == [n for n in docs if n not in ONLY_WITH_A_LEDGER | ONLY_WITH_BATCH]
+    waiting = ONLY_WITH_A_LEDGER | ONLY_WITH_BATCH | ONLY_WITH_A_CARD
+    assert names == [n for n in docs if n not in waiting]
     assert "whoseturn_batch_records_total" in names
 
 

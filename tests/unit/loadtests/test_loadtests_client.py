@@ -388,8 +388,36 @@ async def test_stream_reads_a_completions_answer_without_the_proxys_headers() ->
     r = record(kind="batch", url="http://engine/v1/completions", max_tokens=2)
     await stream_to(engine, r, {"model": "tiny", "prompt": "p", "max_tokens": 2})
     assert (r.text, len(r.token_times), r.completion_tokens) == (" a b", 2, 2)
-    assert (r.engine, r.proxy_queue_ms) == (None, None)
+    assert (r.engine, r.proxy_queue_ms, r.proxy_activation_ms) == (None, None, None)
+    assert r.model == "tiny"
     assert r.valid
+
+
+@pytest.mark.anyio
+async def test_stream_records_the_wait_for_the_models_wake_beside_the_queue_wait() -> None:
+    headers = {
+        "content-type": "text/event-stream",
+        "x-whoseturn-engine": "vllm-1",
+        "x-whoseturn-queue-ms": "5400.0",
+        "x-whoseturn-activation-ms": "5321.4",
+    }
+    engine = Engine(200, split_unevenly(CHAT_EVENTS), headers)
+    r = record()
+    await stream_to(engine, r, {"model": "small", "messages": [], "max_tokens": 4})
+    assert (r.proxy_queue_ms, r.proxy_activation_ms, r.model) == (5400.0, 5321.4, "small")
+    row = r.to_json()
+    assert (row["proxy_activation_ms"], row["model"]) == (5321.4, "small")
+    assert Record.from_json(row).proxy_activation_ms == 5321.4
+
+
+@pytest.mark.anyio
+async def test_stream_records_the_wake_of_a_request_the_woken_engine_failed() -> None:
+    headers = {"x-whoseturn-queue-ms": "900.0", "x-whoseturn-activation-ms": "850.0"}
+    engine = Engine(500, [b'{"error": {"message": "engine error"}}'], headers)
+    r = record()
+    await stream_to(engine, r, {"model": "small", "messages": [], "max_tokens": 4})
+    assert (r.status, r.proxy_queue_ms, r.proxy_activation_ms) == (500, 900.0, 850.0)
+    assert r.error is not None
 
 
 @pytest.mark.anyio
