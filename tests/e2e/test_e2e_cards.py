@@ -36,7 +36,7 @@ from tests.integration.proxyserver import run_proxy
 
 from .vllmserver import LOG_DIR, PROXY_OPTIONS, VllmFleet
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(4 * (READY_TIMEOUT_S + 120))]
 
 A, B = "tiny", "tiny-2l"
 

@@ -30,14 +30,14 @@ async def shared(path: Path, n: int) -> list[SQLiteStore]:
     return stores
 
 
-async def test_workers_never_claim_one_line_twice(tmp_path: Path) -> None:
-    stores = await shared(tmp_path / "b.db", 2)
-    await stores[0].add_batch(NewBatch("batch_1", CHAT, "file-x", "24h", 86400, None))
-    await stores[0].fill_batch("batch_1", read_lines(io.BytesIO(jsonl(300)), CHAT, 1000))
+async def claim_from_both(stores: list[SQLiteStore], batch_id: str) -> dict[str, list[int]]:
+    """Three claimers on each store take the job's 300 lines, 7 at a time."""
+    await stores[0].add_batch(NewBatch(batch_id, CHAT, "file-x", "24h", 86400, None))
+    await stores[0].fill_batch(batch_id, read_lines(io.BytesIO(jsonl(300)), CHAT, 1000))
     got: dict[str, list[int]] = {"w0": [], "w1": []}
 
     async def take(store: SQLiteStore, owner: str) -> None:
-        while page := await store.claim("batch_1", owner, 7, 30):
+        while page := await store.claim(batch_id, owner, 7, 30):
             got[owner].extend(p.idx for p in page)
             await anyio.lowlevel.checkpoint()
 
@@ -45,22 +45,35 @@ async def test_workers_never_claim_one_line_twice(tmp_path: Path) -> None:
         for i, store in enumerate(stores):
             for _ in range(3):
                 group.start_soon(take, store, f"w{i}")
-    assert sorted(got["w0"] + got["w1"]) == list(range(1, 301))
-    assert got["w0"] and got["w1"]
+    return got
+
+
+async def test_workers_never_claim_one_line_twice(tmp_path: Path) -> None:
+    stores = await shared(tmp_path / "b.db", 2)
+    # the evidence is two stores claiming at once: a run where one store's claimers
+    # took every line before the other's began (a loaded machine) is run again
+    for attempt in range(1, 6):
+        got = await claim_from_both(stores, f"batch_{attempt}")
+        assert sorted(got["w0"] + got["w1"]) == list(range(1, 301))
+        if got["w0"] and got["w1"]:
+            break
+    else:
+        pytest.fail("in 5 tries one store always claimed every line: no contention seen")
+    batch = f"batch_{attempt}"
     for idx in range(1, 301):
-        assert await stores[idx % 2].record("batch_1", idx, LineResult(True, "{}"))
+        assert await stores[idx % 2].record(batch, idx, LineResult(True, "{}"))
     finals: list[BatchRecord] = []
 
     async def finalize(store: SQLiteStore) -> None:
-        finals.append(await store.finalize("batch_1", "completed"))
+        finals.append(await store.finalize(batch, "completed"))
 
     async with anyio.create_task_group() as group:  # both finalize at once
         for store in stores:
             group.start_soon(finalize, store)
     assert {(r.status, r.output_file_id, r.completed) for r in finals} == {
-        ("completed", "file-batch_1-output", 300)
+        ("completed", f"file-{batch}-output", 300)
     }
-    assert (stores[1].files_dir / "file-batch_1-output").read_text().count("\n") == 300
+    assert (stores[1].files_dir / f"file-{batch}-output").read_text().count("\n") == 300
     assert not list(stores[0].files_dir.glob("*.tmp")), "a temporary file was left"
     for store in stores:
         await store.close()
