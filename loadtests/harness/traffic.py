@@ -86,7 +86,7 @@ def body(workload: Workload, cls: TrafficClass, i: int, run: int = 0) -> dict[st
     header = f"{name}: what does this say?" if passage else f"{name}."
     chat[0] = {**chat[0], "content": f"{header}\n\n{chat[0]['content']}"}
     out: dict[str, Any] = {
-        "model": workload.model,
+        "model": cls.model or workload.model,
         "max_tokens": cls.max_tokens,
         "temperature": cls.temperature,
     }

@@ -29,6 +29,8 @@ classes:
       # document)
     max_tokens: 48
     temperature: 0          # the default: greedy, so answers can be compared across arms
+    model: tiny             # optional: this class's model (default: the workload's); two
+                            # models on one card: chat on one, batch on the other
 tenants:                    # optional: clients with an API key each, and what each sends
   - name: quiet             # letters, digits, - and _; its classes are named quiet/CLASS
     key: quiet-key          # sent as `Authorization: Bearer KEY`; or key_env: VAR (read
@@ -113,6 +115,7 @@ class TrafficClass:
     job_lines: int = 0  # batch-api: requests per job
     poll_s: float = 1.0  # batch-api: how often a job is looked at
     tenant: str = ""  # the tenant that sends it ("" none: no key sent)
+    model: str = ""  # the model it asks for ("": the workload's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,7 +391,8 @@ def _plan(data: Any) -> Plan:
 
 def _class(name: str, data: Any, base: Path, *, at: str = "") -> TrafficClass:
     at = at or f"classes.{name}."
-    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature", "job_lines", "poll_s"}
+    keys = {"route", "api", "arrival", "prompt", "max_tokens", "temperature", "job_lines", "poll_s",
+            "model"}  # fmt: skip
     d = _mapping(data, at.rstrip("."), keys)
     prompt = _mapping(d.get("prompt"), at + "prompt", {"source", "chars"})
     source = _typed(prompt, "source", str, at + "prompt.", "python-docs")
@@ -406,6 +410,7 @@ def _class(name: str, data: Any, base: Path, *, at: str = "") -> TrafficClass:
         prompt_source=source,
         max_tokens=_positive(d, "max_tokens", at),
         temperature=float(_typed(d, "temperature", (int, float), at, 0.0)),
+        model=_typed(d, "model", str, at, ""),
         **_job(d, at),
     )
 

@@ -248,6 +248,11 @@ def sentence(r: Json) -> str:
     seconds, what it is doing, why batch waits, and why the budget is where it is."""
     name, turn = r["engine"], r["turn"]
     ttft = r["interactive_ttft"]
+    resting = r.get("residency")
+    if resting == "draining":  # on a card, for a swap
+        return f"{name}: draining for a swap on its card — what runs finishes, nothing new starts."
+    if resting in ("asleep", "waking"):
+        return f"{name}: {resting} on its card — its model's work waits for the wake."
     if turn == Turn.INTERACTIVE:
         n = r["interactive_waiting_first_token"]
         head = (

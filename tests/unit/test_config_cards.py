@@ -3,11 +3,12 @@ saying how it is woken; what cannot work is refused at load, naming the key."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.config import Activation, CardConfig, ConfigError, settings_from_dict
+from proxy.config import Activation, CardConfig, ConfigError, load_settings, settings_from_dict
 
 
 def engine(name: str, footprint: float = 40, **extra: Any) -> dict[str, Any]:
@@ -86,3 +87,14 @@ def test_a_card_needs_its_memory_and_known_keys() -> None:
         settings(engine("chat"), cards=[{"name": "gpu0"}, {"name": "x", "memory": 3}])
     text = str(raised.value)
     assert "cards[0].memory_gib" in text and "did you mean 'memory_gib'" in text
+
+
+def test_the_shipped_card_config_for_real_vllm_loads() -> None:
+    path = Path(__file__).parents[2] / "loadtests" / "workloads" / "proxies" / "cards-cpu.yaml"
+    s = load_settings(str(path), env={})
+    assert [c.name for c in s.cards] == ["cpu"]
+    assert [(e.card, e.activation is not None and e.activation.by_command) for e in s.engines] == [
+        ("cpu", True),
+        ("cpu", True),
+    ]
+    assert sum(e.footprint_gib for e in s.engines) > s.cards[0].memory_gib  # they take turns

@@ -386,3 +386,14 @@ def test_a_periodic_arrival_has_no_burstiness() -> None:
     data["classes"]["chat"]["arrival"] = {"process": "periodic", "rate": 4}
     w = parse_workload(data, base=Path())
     assert send_times(w, w.classes[0]) == [k / 4 for k in range(1, 160)]  # 40 s, not at 40
+
+
+def test_a_class_may_ask_for_a_model_of_its_own() -> None:
+    data = _good()
+    data["classes"]["batch"]["model"] = "tiny-2l"
+    w = parse_workload(data, base=Path())
+    chat, batch = w.classes
+    assert body(w, chat, 0)["model"] == "tiny" and body(w, batch, 0)["model"] == "tiny-2l"
+    data["classes"]["batch"]["model"] = 7
+    with pytest.raises(WorkloadError, match=r"classes\.batch\.model"):
+        parse_workload(data, base=Path())
