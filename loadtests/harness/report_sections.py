@@ -43,7 +43,7 @@ def activation_table(activation: dict[str, ActivationSummary]) -> str:
         )
         for arm, a in activation.items()
     ]
-    header = ("arm", "waited / sent", "all", "first wake (cold)", "later wakes")
+    header = ("arm", "waited / sent", "all", "a model's first wake in the run", "later wakes")
     return markdown_table(header, rows)
 
 
@@ -65,10 +65,11 @@ def activation_lines(activation: dict[str, ActivationSummary]) -> list[str]:
         "A request that came while its model was asleep on its card waited for the model "
         "to wake: that wait is the proxy's `X-Whoseturn-Activation-Ms`, part of its queue "
         "wait (`X-Whoseturn-Queue-Ms`). Every request of the runs counts here, the "
-        "warm-up's too (a model's first wake comes at a run's start). First wake (cold): "
-        "the requests that waited for their model's first wake of a run; later wakes: "
-        "the others. Each cell: requests: wait p50 / p95 / max. Per arm in `result.json` "
-        "(`activation`).",
+        "warm-up's too (a model's first wake comes at a run's start). The cold run's row "
+        "(`(cold)`) holds the first activations after the servers started; the other "
+        "rows, the warm runs'. First wake in the run: the requests that waited for their "
+        "model's first wake of a run; later wakes: the others. Each cell: requests: "
+        "wait p50 / p95 / max. Per arm in `result.json` (`activation`).",
         "",
         table,
         "",

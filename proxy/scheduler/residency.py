@@ -17,8 +17,11 @@ given:
    longest goes first).
 2. **Batch waits for a window where the swap costs chat nothing**: no chat for the
    awake model waiting, in flight, or seen for :attr:`ResidencyRules.chat_quiet_s`
-   (hysteresis: a pause between two chats is not a window), the awake model
-   awake at least ``min_awake_s``, and none of its own work waiting.
+   or for as long as the two wakes of a swap there and back take, whichever is
+   longer (hysteresis: a pause between two chats is not a window; and chat that
+   comes back after a swap waits for both wakes, so waiting that long first bounds
+   its loss to twice the least, as in ski rental), the awake model awake at least
+   ``min_awake_s``, and none of its own work waiting.
 3. **Or for its deadline**: batch whose completion window would close before its
    work is done (its estimated card time, the swap, and
    :attr:`ResidencyRules.deadline_slack_s`) swaps as chat would, chat or not, and
@@ -172,8 +175,14 @@ def decide(
     if chat_live:
         return ResidencyDecision(Move.STAY, model, f"{awake}'s chat is live")
     quiet_for = now - mine.last_chat if mine.last_chat is not None else float("inf")
-    if quiet_for < rules.chat_quiet_s:
-        return ResidencyDecision(Move.STAY, model, f"{awake}'s chat was seen {quiet_for:.0f} s ago")
+    # a swap for batch costs chat that comes back both wakes (there and back): the
+    # quiet waited for is at least that (ski rental: chat loses at most twice what
+    # the best rule in hindsight would have cost it)
+    quiet = max(rules.chat_quiet_s, card.wake_s.get(model, 0.0) + card.wake_s.get(awake, 0.0))
+    if quiet_for < quiet:
+        return ResidencyDecision(
+            Move.STAY, model, f"{awake}'s chat was seen {quiet_for:.0f} s ago (waits {quiet:.0f} s)"
+        )
     if awake_for < rules.min_awake_s:
         return ResidencyDecision(Move.STAY, model, f"{awake} woke {awake_for:.0f} s ago")
     if mine.batch_waiting:

@@ -18,6 +18,10 @@ The engine reports the prompt tokens its prefix cache held (``usage``'s
 document (``DOCUMENT_WORDS`` words) before their own text, so the prefix-cache panels
 show hits, both those the proxy's index expected and those the engine reported.
 
+The engine shares a card with a second simulated engine (model ``SECOND_MODEL``, in
+sleep mode; the two do not fit awake together): after the load one chat for the
+second model swaps the card to it and the batch job's lines swap it back, so the
+card panels (the model awake, swaps, their steps, the wait for a wake) have series.
 Each load worker sends a bearer key of its own; with no ``api_keys`` each distinct
 key is a tenant, so the tenant panels have several tenants and the batch senders,
 held by the prefill budget beside each other, have a fairness index.
@@ -58,6 +62,7 @@ DASHBOARD = ROOT / "dashboards" / "whoseturn.json"
 RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yml"
 
 ENGINE = "engine-a"
+SECOND_ENGINE, SECOND_MODEL = "engine-b", "tiny-b"  # on the card beside ENGINE
 TIME_SCALE = 20.0
 LOAD_S = 6.0
 BATCH_JOB_LINES = 20_000  # outlasts the test: the estimate exists while a job runs
@@ -102,28 +107,34 @@ def answers(url: str, path: str) -> bool:
 
 
 @contextmanager
-def run_sim() -> Iterator[str]:
+def run_sim(model: str = MODEL) -> Iterator[str]:
     port = free_port()
     command = sim_command(
-        "--port", str(port), "--time-scale", str(TIME_SCALE), "--enable-prompt-tokens-details"
-    )
-    with logged_child("sim", command, ARTIFACTS, cwd=ROOT) as sim:
+        "--port", str(port), "--time-scale", str(TIME_SCALE), "--enable-prompt-tokens-details",
+        "--served-model-name", model,
+    )  # fmt: skip
+    with logged_child(f"sim-{model}", command, ARTIFACTS, cwd=ROOT) as sim:
         url = loopback_url(port)
         wait_until("whoseturn sim answering /health", lambda: answers(url, "/health"), 30, sim)
         yield url
 
 
 @contextmanager
-def run_proxy(engine_url: str, workdir: Path) -> Iterator[str]:
-    """``whoseturn serve`` with a small prefill budget, so batch is held at times."""
+def run_proxy(engine_url: str, second_url: str, workdir: Path) -> Iterator[str]:
+    """``whoseturn serve`` with a small prefill budget, so batch is held at times; its
+    engine on a card with the second engine, swapped at once when asked."""
     port = free_port()
     budget = {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096}
-    engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget}
+    on_card = {"card": "card0", "footprint_gib": 6, "activation": {"sleep_level": 1}}
+    engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget, **on_card}
+    second = {"url": second_url, "name": SECOND_ENGINE, "models": [SECOND_MODEL], **on_card}
+    card = {"name": "card0", "memory_gib": 10, "min_awake_s": 0, "chat_quiet_s": 0}
     intervals = {"health_interval_s": 0.2, "scrape_interval_s": 0.2}
     store = str(workdir / "batch.db")
     command = serve_command(
-        workdir / "whoseturn.yaml", port=port, engines=[engine], batch_store_path=store, **intervals
-    )
+        workdir / "whoseturn.yaml", port=port, engines=[engine, second], cards=[card],
+        batch_store_path=store, **intervals,
+    )  # fmt: skip
     with logged_child("proxy", command, ARTIFACTS, cwd=ROOT) as proxy:
         url = loopback_url(port)
         wait_until("whoseturn serve answering /readyz", lambda: answers(url, "/readyz"), 30, proxy)
@@ -330,6 +341,23 @@ def drive_mixed_load(url: str, seconds: float) -> None:
         raise errors[0]
 
 
+def swap_there_and_back(url: str) -> None:
+    """A chat for the second model swaps the card to it (the batch job's lines on the
+    first drained first); the job's lines waiting swap it back."""
+    body = {"model": SECOND_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4}  # fmt: skip
+    with httpx.Client(base_url=url, timeout=60) as http:
+        answer = http.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert float(answer.headers["x-whoseturn-activation-ms"]) > 0
+
+        def back() -> bool:
+            card = http.get("/turn").json()["cards"][0]
+            return bool(card["awake"] == [MODEL])
+
+        wait_until("the card swapped back to the batch job's model", back, 30)
+
+
 def record_names() -> list[str]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [rule["record"] for group in groups for rule in group["rules"] if "record" in rule]
@@ -351,10 +379,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     workdir = tmp_path_factory.mktemp("prometheus")
     with ExitStack() as stack:
         engine_url = stack.enter_context(run_sim())
-        proxy_url = stack.enter_context(run_proxy(engine_url, workdir))
+        second_url = stack.enter_context(run_sim(SECOND_MODEL))
+        proxy_url = stack.enter_context(run_proxy(engine_url, second_url, workdir))
         prometheus = stack.enter_context(run_prometheus(proxy_url, engine_url, workdir))
         start_batch_job(proxy_url)
         drive_mixed_load(proxy_url, LOAD_S)
+        swap_there_and_back(proxy_url)
         prometheus.wait_for_records(record_names(), timeout=20)
         found = Live(prometheus, proxy_url, engine_url, checked={})
         yield found

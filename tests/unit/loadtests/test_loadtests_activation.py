@@ -89,7 +89,9 @@ def views() -> dict[str, ActivationSummary]:
 
 def test_the_table_shows_each_arms_waits_first_and_later_wakes_apart() -> None:
     lines = activation_table(views()).splitlines()
-    assert lines[0] == "| arm | waited / sent | all | first wake (cold) | later wakes |"
+    assert lines[0] == (
+        "| arm | waited / sent | all | a model's first wake in the run | later wakes |"
+    )
     assert lines[2:] == [
         "| proxy | 6 / 8 | 6: 2,000 ms / 5,000 ms / 5,000 ms "
         "| 4: 3,000 ms / 5,000 ms / 5,000 ms | 2: 1,000 ms / 2,000 ms / 2,000 ms |",

@@ -49,8 +49,22 @@ def test_batch_for_a_sleeping_model_waits_for_a_quiet_window() -> None:
     lull = {"a": Demand(last_chat=500.0), "b": batch_b}
     paused = decide(card(), lull, 520.0, RULES)  # a pause between two chats is no window
     assert paused.move is Move.STAY and "seen 20 s ago" in paused.reason
-    window = decide(card(), lull, 531.0, RULES)
+    # the two wakes of a swap there and back (20 + 20 s) outlast chat_quiet_s (30 s)
+    wakes = decide(card(), lull, 531.0, RULES)
+    assert wakes.move is Move.STAY and "waits 40 s" in wakes.reason
+    window = decide(card(), lull, 541.0, RULES)
     assert window.move is Move.SWAP and window.target == "b"
+    quick = Card("card0", ("a", "b"), "a", 0.0, wake_s={"a": 2.0, "b": 3.0})
+    assert decide(quick, lull, 531.0, RULES).move is Move.SWAP  # chat_quiet_s rules
+
+
+def test_a_slow_wake_makes_batch_wait_for_a_longer_quiet() -> None:
+    """Ski rental: a swap for batch costs chat that returns both wakes, so the quiet
+    waited for grows with them (here 90 s wakes, the 30 s setting overruled)."""
+    slow = Card("card0", ("a", "b"), "a", 0.0, wake_s={"a": 90.0, "b": 90.0})
+    lull = {"a": Demand(last_chat=500.0), "b": Demand(batch_waiting=10, batch_work_s=60.0)}
+    assert decide(slow, lull, 679.0, RULES).move is Move.STAY
+    assert decide(slow, lull, 681.0, RULES).move is Move.SWAP
 
 
 def test_batch_does_not_take_a_model_woken_lately_or_busy_with_its_own_batch() -> None:
