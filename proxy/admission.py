@@ -70,6 +70,10 @@ class Closed(Exception):
     """The proxy is draining: no job waits for a turn any more."""
 
 
+class NotWoken(Exception):
+    """The job's model could not be woken on its card (the message says why)."""
+
+
 class Admission:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
@@ -122,6 +126,20 @@ class Admission:
             raise
         finally:
             self._waiters.pop(job_id, None)
+
+    def fail_waiting(self, model: str, why: str) -> int:
+        """Every job of ``model`` still waiting for its turn fails with
+        :class:`NotWoken` (``why``): its model's wake failed, and a retry is the
+        client's to choose. Returns how many."""
+        failed = 0
+        for job_id in self._scheduler.queued_of(model):
+            future = self._waiters.pop(job_id, None)
+            self._scheduler.cancel(job_id)
+            if future is not None and not future.done():
+                future.set_exception(NotWoken(why))
+                failed += 1
+        self.pump()
+        return failed
 
     def close(self) -> int:
         """Drain: every job still waiting for its turn, and every later one, fails

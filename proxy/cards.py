@@ -17,8 +17,9 @@ work in flight, the batch runner's deadlines) and asks :func:`decide`:
 
 Every drain and swap, with its reason, is kept for ``/turn/log`` (:attr:`log`). A
 card whose models all fit awake together is woken whole at start and never swapped.
-A swap that fails (an engine that will not sleep or wake) is logged, counted, and
-tried again after :data:`RETRY_S`.
+A swap that fails (an engine that will not sleep or wake) is logged and counted; the
+requests waiting for the model fail with 503 and the reason, and work that comes
+for it within :data:`RETRY_S` waits until then for the next try.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class CardKeeper:
         self.draining = False
         self.last: ResidencyDecision | None = None
         self.log: deque[CardEvent] = deque(maxlen=LOG_SIZE)
-        self.retry_at = 0.0
+        self.retry_at = 0.0  # after a step that failed: nothing decided until then
+        self.failed_until: dict[str, float] = {}  # a model whose wake failed: not till then
         self._nudged = asyncio.Event()
 
     @property
@@ -168,10 +170,15 @@ class CardKeeper:
         rule says so."""
         while True:
             self._nudged.clear()
-            decision = self.step()
-            if decision is not None and decision.move is Move.SWAP:
-                await self.swap(decision)
-                continue
+            try:
+                decision = self.step()
+                if decision is not None and decision.move is Move.SWAP:
+                    await self.swap(decision)
+                    continue
+            except Exception:  # a keeper that died would leave its card as it was
+                logger.exception("card %s: a step failed; trying again in %.0f s",
+                                 self.name, RETRY_S)  # fmt: skip
+                self.retry_at = self.clock.now() + RETRY_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), STEP_S)
 
@@ -201,6 +208,9 @@ class CardKeeper:
         out: dict[str, Demand] = {}
         offset = time.time() - now
         for model in self.engine_of:
+            if now < self.failed_until.get(model, 0.0):
+                out[model] = Demand()  # its wake failed lately: its work waits
+                continue
             d = self.admission.demand(model)
             if self.batch_due is not None:
                 deadline, work_s = self.batch_due(model)
@@ -230,12 +240,15 @@ class CardKeeper:
             self.card.awake = None
             self.draining = False
             wake_s = await self._wake(target, decision.reason)
-        except ActivationFailed as exc:
+        except (ActivationFailed, OSError) as exc:
             logger.error("card %s: swap to %s failed: %s", self.name, target, exc)
             self.metrics.failures.labels(self.name, target).inc()
+            why = f"The model `{target}` could not be woken on its card: {exc}"
+            failed = self.admission.fail_waiting(target, why)
+            logger.warning("card %s: %d requests for %s failed with it", self.name, failed, target)
             now = self.clock.now()
             self._note(now, "swap_failed", target, asleep, decision, sleep_s)
-            self.retry_at = now + RETRY_S
+            self.failed_until[target] = now + RETRY_S  # its work is not woken for meanwhile
             return
         finally:
             self.card.swapping = None

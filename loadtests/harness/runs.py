@@ -305,13 +305,18 @@ def findings(
 
 def activation_view(arms: dict[str, ArmResult]) -> dict[str, ActivationSummary]:
     """Each arm's activation phase (:func:`loadtests.harness.measures.summarize_activation`)
-    over its warm runs, and over its cold run apart (``"<arm> (cold)"``)."""
+    per traffic class (``"<arm>, <class>"``), over its warm runs, and over its cold
+    run apart (``"<arm>, <class> (cold)"``)."""
     out = {}
     for arm, result in arms.items():
-        runs = [(label, _all_records(run)) for label, run in result.all_runs()]
-        out[arm] = summarize_activation([r for r in runs if r[0] != "cold"])
-        if result.cold is not None:
-            out[f"{arm} (cold)"] = summarize_activation([r for r in runs if r[0] == "cold"])
+        runs = result.all_runs()
+        classes = sorted({cls for _, run in runs for cls in run.records})
+        for cls in classes:
+            by_run = [(label, run.records.get(cls, [])) for label, run in runs]
+            out[f"{arm}, {cls}"] = summarize_activation([r for r in by_run if r[0] != "cold"])
+            if result.cold is not None:
+                cold = [r for r in by_run if r[0] == "cold"]
+                out[f"{arm}, {cls} (cold)"] = summarize_activation(cold)
     return out
 
 

@@ -41,7 +41,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from proxy.admission import Admitted, Closed
+from proxy.admission import Admitted, Closed, NotWoken
 from proxy.api.abort_windows import AbortWindows
 from proxy.api.assemble import Assembler
 from proxy.api.auth import caller
@@ -55,6 +55,7 @@ from proxy.api.servable import shutting_down, unservable
 from proxy.api.sse import SSEEvent
 from proxy.api.stream import RelayResponse, close_shielded
 from proxy.api.ticket import Ticket
+from proxy.cards import RETRY_S as WAKE_RETRY_S
 from proxy.config import Settings
 from proxy.engines import (
     AnswerWait,
@@ -212,6 +213,9 @@ class Forwarder:
         except Closed:
             self._count(ticket, "", "rejected")  # queued when the drain began
             raise shutting_down() from None
+        except NotWoken as exc:  # its model's wake on its card failed
+            self._count(ticket, "", "rejected")
+            raise engine_unavailable(str(exc), math.ceil(WAKE_RETRY_S)) from None
         except anyio.get_cancelled_exc_class():
             self._count(ticket, "", "cancelled")  # the client left while it waited
             raise

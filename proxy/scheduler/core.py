@@ -923,6 +923,10 @@ class Scheduler:
             batch_waiting=self.queues[TrafficClass.BATCH].count_of_model(model),
         )
 
+    def queued_of(self, model: str) -> list[str]:
+        """The ids of ``model``'s queued jobs, both classes (a read)."""
+        return [j.id for q in self.queues.values() for j in q.of_model(model)]
+
     def in_flight(self, name: str) -> int:
         """Jobs in flight on engine ``name`` (a read)."""
         return len(self.engines[name].inflight)

@@ -230,3 +230,26 @@ def test_command_activation_starts_and_stops_engine_processes() -> None:
         assert [(s["model"], s["asleep"]) for s in swaps] == [(A, None), (B, A)]
         assert swaps[0]["why"] == "nothing_awake" and swaps[1]["why"] == "chat"
     assert not port_open(urls[B]), "the proxy left the engine process it started running"
+
+
+def test_a_model_that_cannot_be_woken_fails_its_waiting_requests_with_503() -> None:
+    """B's start command exits at once: the swap fails (A was put to sleep first), is
+    counted and logged with its reason, and the chat waiting for B is answered 503
+    naming why, instead of waiting for ever; A's chat then wakes A again."""
+    with sim(A) as a:
+        engines = [
+            card_engine(a.base_url, A),
+            card_engine(loopback_url(free_port()), B, start="exit 3"),
+        ]
+        with run_proxy(engines, cards=card(), health_interval_s=0.1) as proxy:
+            refused = proxy.http.post("/v1/chat/completions", json=chat(B), timeout=30)
+            assert refused.status_code == 503, refused.text
+            message = refused.json()["error"]["message"]
+            assert f"`{B}` could not be woken" in message and "exited 3" in message
+            assert refused.headers["retry-after"] == "10"
+            (failed,) = [e for e in log(proxy) if e["action"] == "swap_failed"]
+            assert (failed["model"], failed["asleep"]) == (B, A)
+            assert proxy.metric("whoseturn_model_swap_failures_total", model=B) == 1
+            again = proxy.http.post("/v1/chat/completions", json=chat(A), timeout=30)
+            assert again.status_code == 200, again.text
+            assert not sleeping(a)

@@ -125,7 +125,8 @@ def run_proxy(engine_url: str, second_url: str, workdir: Path) -> Iterator[str]:
     engine on a card with the second engine, swapped at once when asked."""
     port = free_port()
     budget = {"initial_tokens": 2048, "min_tokens": 512, "max_tokens": 4096}
-    on_card = {"card": "card0", "footprint_gib": 6, "activation": {"sleep_level": 1}}
+    activation = {"sleep_level": 1, "wake_s": 0.1}  # the simulated wake: 50 ms
+    on_card = {"card": "card0", "footprint_gib": 6, "activation": activation}
     engine = {"url": engine_url, "name": ENGINE, "models": [MODEL], "budget": budget, **on_card}
     second = {"url": second_url, "name": SECOND_ENGINE, "models": [SECOND_MODEL], **on_card}
     card = {"name": "card0", "memory_gib": 10, "min_awake_s": 0, "chat_quiet_s": 0}

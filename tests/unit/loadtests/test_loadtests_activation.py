@@ -69,15 +69,19 @@ def test_no_wake_waited_for_gives_counts_of_nothing_and_no_figures() -> None:
 
 
 def test_an_arms_warm_runs_together_and_its_cold_run_apart() -> None:
-    cold = ArmRun(0.0, {"chat": first_run()})
+    cold = ArmRun(0.0, {"chat": first_run(), "batch": [record(7)]})
     warm = [ArmRun(100.0, {"chat": second_run()}), ArmRun(200.0, {"chat": [record(9)]})]
     view = activation_view({"proxy": ArmResult(warm, cold), "direct": ArmResult(warm[1:])})
-    assert list(view) == ["proxy", "proxy (cold)", "direct"]
-    assert (view["proxy"].requests, view["proxy"].waited) == (3, 1)
-    assert view["proxy"].first_wakes == [Wake("warm-0", "a", "x-7", 1.5, 1)]
-    assert (view["proxy (cold)"].waited, view["proxy (cold)"].first) == (5, 3)
-    assert [w.run for w in view["proxy (cold)"].first_wakes] == ["cold", "cold"]
-    assert view["direct"].waited == 0
+    assert list(view) == [
+        "proxy, batch", "proxy, batch (cold)", "proxy, chat", "proxy, chat (cold)", "direct, chat"
+    ]  # fmt: skip
+    chat = view["proxy, chat"]
+    assert (chat.requests, chat.waited) == (3, 1)
+    assert chat.first_wakes == [Wake("warm-0", "a", "x-7", 1.5, 1)]
+    assert (view["proxy, chat (cold)"].waited, view["proxy, chat (cold)"].first) == (5, 3)
+    assert [w.run for w in view["proxy, chat (cold)"].first_wakes] == ["cold", "cold"]
+    assert view["proxy, batch"].requests == 0 and view["proxy, batch (cold)"].requests == 1
+    assert view["direct, chat"].waited == 0
 
 
 def views() -> dict[str, ActivationSummary]:
