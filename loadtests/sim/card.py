@@ -126,16 +126,7 @@ def run_arm(arm: str, w: CardWorkload, profile: Profile, rules: ResidencyRules) 
     config = scheduler_config(profile)
     half = arm == "two half cards"
     if half:
-        step = profile.step
-        slow = replace(
-            step,
-            fixed_s=step.fixed_s * 2,
-            prefill_per_token_s=step.prefill_per_token_s * 2,
-            decode_per_token_s=step.decode_per_token_s * 2,
-            prefill_attention_per_token_context_s=step.prefill_attention_per_token_context_s * 2,
-            decode_per_context_token_s=step.decode_per_context_token_s * 2,
-            decode_step_overhead_s=step.decode_step_overhead_s * 2,
-        )
+        slow = profile.step.scaled(2.0)
         halved = replace(config, num_gpu_blocks=config.num_gpu_blocks // 2)
         engines = [SimEngine(halved, slow, clock), SimEngine(halved, slow, clock)]
     else:

@@ -314,8 +314,9 @@ class EngineClient:
         self, path: str, content: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Request:
         """The request :meth:`stream` sends: what ``build_request`` would make (the
-        client's headers and timeouts, the engine's URL; the client keeps no cookies
-        and no base URL), from parts made once per engine and path. Every chat and
+        client's headers and timeouts, the engine's URL; the client has no base URL),
+        from parts made once per engine and path, without the client's cookie jar (a
+        cookie an engine set is not sent on these requests; vLLM sets none). Every chat and
         every batch line is one; the merge cost a twentieth of a request's CPU."""
         url = self._url(path)
         merged = self._stream_headers.copy()

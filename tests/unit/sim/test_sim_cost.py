@@ -107,3 +107,14 @@ def test_chunked_prefill_off_stalls_running_decodes_for_the_whole_prompt() -> No
     assert whole >= 8000 * H100.prefill_per_token_s
     assert chunked <= H100.fixed_s + 512 * H100.prefill_per_token_s + 0.002
     assert whole > 5 * chunked
+
+
+def test_a_step_cost_scaled_is_every_part_scaled() -> None:
+    cost = StepCost(fixed_s=1.0, prefill_per_token_s=2.0, decode_per_token_s=3.0,
+                    prefill_attention_per_token_context_s=4.0,
+                    decode_per_context_token_s=5.0, decode_step_overhead_s=6.0)  # fmt: skip
+    assert cost.scaled(2.0) == StepCost(fixed_s=2.0, prefill_per_token_s=4.0,
+                                        decode_per_token_s=6.0,
+                                        prefill_attention_per_token_context_s=8.0,
+                                        decode_per_context_token_s=10.0,
+                                        decode_step_overhead_s=12.0)  # fmt: skip
