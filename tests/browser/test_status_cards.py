@@ -20,7 +20,6 @@ from playwright.sync_api import Page
 from prometheus_client import CollectorRegistry
 
 from proxy.admission import Admission
-from proxy.api.turn import history_body, log_body, turn_body
 from proxy.cards import CardKeeper
 from proxy.clock import VirtualClock
 from proxy.config import Activation, CardConfig, EngineConfig, Settings
@@ -29,6 +28,7 @@ from proxy.metrics import CardMetrics
 from proxy.scheduler import Job, Scheduler, TrafficClass
 
 from .test_status_page import open_status_page, proxy_reads
+from .test_status_verdict import reads
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(60)]
 
@@ -67,20 +67,7 @@ def keeper_reads() -> Callable[[str], Any]:
     decision = keeper.step()
     assert decision is not None and decision.target == "b"  # the swap the page shows
 
-    def read(path: str) -> Any:
-        if path == "/metrics":
-            return ""
-        if path == "/status/batches":
-            return {"enabled": False, "jobs": []}
-        if path.startswith("/turn/log"):
-            return log_body(admission, 14, cards=[keeper])
-        if path.startswith("/turn/history"):
-            return history_body(admission, 60)
-        if path.startswith("/turn"):
-            return turn_body(admission, cards=[keeper])
-        return None
-
-    return read
+    return reads(scheduler, cards=[keeper])
 
 
 def test_the_cards_panel_shows_the_awake_model_and_why(page: Page, artifacts: Path) -> None:

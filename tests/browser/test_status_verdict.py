@@ -19,7 +19,7 @@ schedulers (served through Playwright's request interception, as in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from playwright.sync_api import Page
 
 from proxy.admission import Admission
 from proxy.api.turn import history_body, log_body, turn_body
+from proxy.cards import CardKeeper
 from proxy.clock import VirtualClock
 from proxy.config import BudgetConfig, EngineConfig
 from proxy.scheduler import Job, Scheduler, TrafficClass
@@ -47,8 +48,11 @@ class Watch:
         self.ejected_because = ejected_because
 
 
-def reads(scheduler: Scheduler, watch: Watch | None = None) -> Callable[[str], Any]:
-    """The proxy's answers to the page's reads, from ``scheduler`` (and ``watch``)."""
+def reads(
+    scheduler: Scheduler, watch: Watch | None = None, cards: Sequence[CardKeeper] = ()
+) -> Callable[[str], Any]:
+    """The proxy's answers to the page's reads, from ``scheduler`` (and ``watch``, and
+    the keepers of ``cards``)."""
     admission = Admission(scheduler)
 
     def read(path: str) -> Any:
@@ -57,11 +61,11 @@ def reads(scheduler: Scheduler, watch: Watch | None = None) -> Callable[[str], A
         if path == "/status/batches":
             return {"enabled": False, "jobs": []}
         if path.startswith("/turn/log"):
-            return log_body(admission, LOG_LIMIT)
+            return log_body(admission, LOG_LIMIT, cards=cards)
         if path.startswith("/turn/history"):
             return history_body(admission, 60)
         if path.startswith("/turn"):
-            return turn_body(admission, watch=watch)
+            return turn_body(admission, watch=watch, cards=cards)
         return None
 
     return read
