@@ -132,9 +132,14 @@ class CardKeeper:
         now = self.clock.now()
         if self.fits_all:
             for model in self.engine_of:
-                if model not in awake:
+                if model in awake:
+                    self.awake.add(model)
+                    continue
+                try:
                     await self._wake(model, "all fit on the card")
-                self.awake.add(model)
+                except (ActivationFailed, OSError) as exc:  # the proxy starts anyway
+                    logger.error("card %s: %s not woken: %s", self.name, model, exc)
+                    self._watch_again(model)
             return
         keep = awake[0] if awake else None
         for model, engine in self.engine_of.items():
@@ -144,7 +149,10 @@ class CardKeeper:
             if model in awake:
                 logger.info("card %s: %s is awake beside %s: putting it to sleep",
                             self.name, model, keep)  # fmt: skip
-                await self.activators[engine].sleep()
+                try:
+                    await self.activators[engine].sleep()
+                except (ActivationFailed, OSError) as exc:
+                    logger.error("card %s: %s not put to sleep: %s", self.name, model, exc)
         if keep is not None:
             self.awake.add(keep)
             self.card.awake, self.card.awake_since = keep, now
@@ -274,6 +282,12 @@ class CardKeeper:
         self.awake.add(model)
         logger.info("card %s: %s woken in %.1f s (%s)", self.name, model, wake_s, reason)
         return wake_s
+
+    def _watch_again(self, model: str) -> None:
+        """A model not woken on a card where all fit: its engine is an engine like
+        any other again (up or down as its health checks say)."""
+        self.monitor.resting.discard(self.engine_of[model])
+        self.admission.set_engine_resting(self.engine_of[model], "")
 
     def _rest(self, model: str, resting: str) -> None:
         engine = self.engine_of[model]

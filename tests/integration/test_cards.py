@@ -253,3 +253,19 @@ def test_a_model_that_cannot_be_woken_fails_its_waiting_requests_with_503() -> N
             again = proxy.http.post("/v1/chat/completions", json=chat(A), timeout=30)
             assert again.status_code == 200, again.text
             assert not sleeping(a)
+
+
+def test_a_card_where_every_model_fits_wakes_them_all_at_start_and_never_swaps() -> None:
+    with sim(A) as a, sim(B) as b:
+        assert b.http.post("/sleep", params={"level": 1}).status_code == 200
+        engines = [card_engine(a.base_url, A), card_engine(b.base_url, B)]
+        roomy = card(memory_gib=20)  # 6 + 6 fit
+        with run_proxy(engines, cards=roomy, health_interval_s=0.1) as proxy:
+            assert not sleeping(a) and not sleeping(b), "the proxy left a model asleep"
+            (c0,) = proxy.http.get("/turn").json()["cards"]
+            assert (c0["swaps"], c0["awake"]) == (False, [A, B])
+            for model in (A, B):
+                answer = proxy.http.post("/v1/chat/completions", json=chat(model))
+                assert answer.status_code == 200
+                assert "x-whoseturn-activation-ms" not in answer.headers
+            assert log(proxy) == []
