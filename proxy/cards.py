@@ -16,7 +16,9 @@ work in flight, the batch runner's deadlines) and asks :func:`decide`:
   ``whoseturn_activation_wait_seconds``).
 
 Every drain and swap, with its reason, is kept for ``/turn/log`` (:attr:`log`). A
-card whose models all fit awake together is woken whole at start and never swapped.
+card whose models all fit awake together is woken whole at start and never swapped;
+on any other card one model is awake at a time (of three models where two would fit
+together, still one: the rule chooses between the awake model and the others).
 A swap that fails (an engine that will not sleep or wake) is logged and counted; the
 requests waiting for the model fail with 503 and the reason, and work that comes
 for it within :data:`RETRY_S` waits until then for the next try.
