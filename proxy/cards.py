@@ -32,7 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.admission import Admission
 from proxy.clock import Clock
@@ -225,10 +225,7 @@ class CardKeeper:
             if self.batch_due is not None:
                 deadline, work_s = self.batch_due(model)
                 if deadline is not None:
-                    d = Demand(
-                        d.chat_waiting, d.chat_oldest, d.chat_in_flight, d.last_chat,
-                        d.batch_waiting, deadline - offset, work_s,
-                    )  # fmt: skip
+                    d = replace(d, batch_deadline=deadline - offset, batch_work_s=work_s)
             out[model] = d
         return out
 
